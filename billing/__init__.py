@@ -1,0 +1,1 @@
+"""Billing: accounts, the double-entry ledger, pricing, metering, compute cards and Stripe top-ups."""

@@ -1,0 +1,9 @@
+"""The ASGI application served by uvicorn: pages, the REST API and (later) the Jupyter proxy."""
+
+import os
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+
+application = get_asgi_application()

@@ -1,0 +1,85 @@
+"""Typed settings from the environment.
+
+One helper reads every setting; a value that does not parse stops the process with one line naming the
+variable, what it got and what it wants, instead of a traceback deep inside Django.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import TypeVar
+from urllib.parse import urlsplit
+
+T = TypeVar("T")
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+class ConfigError(Exception):
+    """A setting from the environment is missing or malformed."""
+
+
+def _parse_bool(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError("expected one of 1/0, true/false, yes/no, on/off")
+
+
+def _parse_list(raw: str) -> list[str]:
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def _parse_url(schemes: tuple[str, ...], serverless: tuple[str, ...] = ()) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        parts = urlsplit(raw)
+        if parts.scheme not in schemes:
+            raise ValueError(f"expected a URL starting with {' or '.join(s + '://' for s in schemes)}")
+        if parts.scheme not in serverless and not (parts.hostname or parts.path or parts.query):
+            raise ValueError("the URL names no server")
+        return raw
+
+    return parse
+
+
+def _parse_int(raw: str) -> int:
+    return int(raw.strip())
+
+
+def env(name: str, default: T, parse: Callable[[str], T] | None = None, *, choices: tuple | None = None) -> T:
+    """Read ``name`` from the environment, parsed to the type of ``default``.
+
+    Raises ConfigError naming the variable when the value does not parse or is not one of ``choices``.
+    """
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    if parse is None:
+        if isinstance(default, bool):
+            parse = _parse_bool  # type: ignore[assignment]
+        elif isinstance(default, int):
+            parse = _parse_int  # type: ignore[assignment]
+        elif isinstance(default, float):
+            parse = float  # type: ignore[assignment]
+        elif isinstance(default, list):
+            parse = _parse_list  # type: ignore[assignment]
+        else:
+            parse = str  # type: ignore[assignment]
+    try:
+        value = parse(raw)  # type: ignore[misc]
+    except ValueError as exc:
+        raise ConfigError(f"{name}={raw!r} is not valid: {exc}") from None
+    if choices is not None and value not in choices:
+        raise ConfigError(f"{name}={raw!r} is not valid: expected one of {', '.join(map(str, choices))}")
+    return value
+
+
+database_url = _parse_url(("postgres", "postgresql"))
+redis_url = _parse_url(("redis", "rediss", "unix", "redis+socket"))
+email_url = _parse_url(
+    ("console", "smtp", "smtps", "locmem", "dummy"), serverless=("console", "locmem", "dummy")
+)

@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+import zoneinfo
+
+from django import forms
+from django.conf import settings
+from django.utils.translation import gettext_lazy as _
+
+from portal.models import Membership
+
+_ZONES = sorted(zoneinfo.available_timezones())
+
+
+class SignupForm(forms.Form):
+    username = forms.CharField(label=_("Username"), max_length=150)
+    email = forms.EmailField(label=_("Email"), required=False)
+    password = forms.CharField(label=_("Password"), widget=forms.PasswordInput, max_length=128)
+    invite_code = forms.CharField(
+        label=_("Invite code (optional)"),
+        required=False,
+        max_length=64,
+        help_text=_("A compute-card code, if you have one: it is redeemed as soon as you sign up."),
+    )
+
+
+class ProfileForm(forms.Form):
+    email = forms.EmailField(label=_("Email"), required=False)
+    language = forms.ChoiceField(label=_("Language"), choices=settings.LANGUAGES)
+    time_zone = forms.ChoiceField(label=_("Time zone"), choices=[(z, z) for z in _ZONES])
+
+
+class TeamCreateForm(forms.Form):
+    name = forms.CharField(label=_("Team name"), max_length=100)
+
+
+class TeamJoinForm(forms.Form):
+    code = forms.CharField(label=_("Team invite code"), max_length=64)
+
+
+class TeamInviteForm(forms.Form):
+    role = forms.ChoiceField(
+        label=_("Role"), choices=[(Membership.Role.MEMBER, _("Member")), (Membership.Role.ADMIN, _("Admin"))]
+    )
+    valid_days = forms.IntegerField(label=_("Valid for (days)"), min_value=1, max_value=90, initial=7)
+    max_uses = forms.IntegerField(label=_("Uses"), min_value=1, max_value=1000, initial=20)

@@ -1,0 +1,25 @@
+from __future__ import annotations
+
+import zoneinfo
+
+from django.utils import timezone, translation
+
+
+class UserPreferencesMiddleware:
+    """Applies the logged-in user's language and time zone (the switcher stores them on the user)."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        user = getattr(request, "user", None)
+        if user is not None and user.is_authenticated:
+            translation.activate(user.language)
+            request.LANGUAGE_CODE = translation.get_language()
+            try:
+                timezone.activate(zoneinfo.ZoneInfo(user.time_zone))
+            except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+                timezone.deactivate()
+        response = self.get_response(request)
+        response.headers.setdefault("Content-Language", translation.get_language())
+        return response

@@ -1,0 +1,218 @@
+"""Writes of the portal app: users and teams."""
+
+from __future__ import annotations
+
+import secrets
+from datetime import timedelta
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.password_validation import validate_password
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.utils import timezone
+from django.utils.text import slugify
+from django.utils.translation import gettext as _
+
+from billing.audit import audit_record
+from billing.errors import Conflict, Forbidden, NotFound, ValidationFailed
+from billing.models import Account
+from portal.models import Membership, Team, TeamInvite, User
+
+INVITE_ALPHABET = "ABCDEFGHJKMNPQRSTVWXYZ23456789"
+
+
+def user_create(
+    *, username: str, email: str, password: str, is_staff: bool = False, language: str = "en"
+) -> User:
+    """Create a user with their own paying account, in one transaction.
+
+    Raises ValidationFailed when the username is taken or the password is too weak.
+    """
+    user_model = get_user_model()
+    username = username.strip()
+    if not username:
+        raise ValidationFailed(_("Choose a username."), fields={"username": _("This field is required.")})
+    candidate = user_model(username=username, email=email)
+    try:
+        validate_password(password, candidate)
+    except DjangoValidationError as exc:
+        raise ValidationFailed(" ".join(exc.messages), fields={"password": " ".join(exc.messages)}) from None
+    with transaction.atomic():
+        if user_model.objects.filter(username__iexact=username).exists():
+            raise ValidationFailed(
+                _("That username is taken."), fields={"username": _("That username is taken.")}
+            )
+        account = Account.objects.create(kind=Account.Kind.USER, name=username)
+        user = user_model(
+            username=username,
+            email=email,
+            account=account,
+            is_staff=is_staff,
+            is_superuser=is_staff,
+            language=language,
+        )
+        user.set_password(password)
+        try:
+            user.save()
+        except IntegrityError:
+            raise ValidationFailed(
+                _("That username is taken."), fields={"username": _("That username is taken.")}
+            ) from None
+    return user
+
+
+def user_update_profile(*, user: User, email: str, language: str, time_zone: str) -> User:
+    user.email = email
+    user.language = language
+    user.time_zone = time_zone
+    user.save(update_fields=["email", "language", "time_zone"])
+    return user
+
+
+def team_create(*, creator: User, name: str) -> Team:
+    """Create a team with its own account; the creator becomes its owner."""
+    name = name.strip()
+    if not name:
+        raise ValidationFailed(_("Give the team a name."), fields={"name": _("This field is required.")})
+    base = slugify(name)[:80] or "team"
+    with transaction.atomic():
+        slug, n = base, 1
+        while Team.objects.filter(slug=slug).exists():
+            n += 1
+            slug = f"{base}-{n}"
+        account = Account.objects.create(kind=Account.Kind.TEAM, name=name)
+        team = Team.objects.create(name=name, slug=slug, account=account, created_by=creator)
+        Membership.objects.create(team=team, user=creator, role=Membership.Role.OWNER)
+    return team
+
+
+def _membership(team: Team, user: User) -> Membership:
+    found = Membership.objects.filter(team=team, user=user).first()
+    if found is None:
+        raise NotFound(_("No such team."))
+    return found
+
+
+def _require_manager(team: Team, user: User) -> Membership:
+    membership = _membership(team, user)
+    if not membership.manages_team:
+        raise Forbidden(_("Only the team's owners and admins can do that."))
+    return membership
+
+
+def team_invite_create(
+    *, team: Team, actor: User, role: str = Membership.Role.MEMBER, valid_days: int = 7, max_uses: int = 50
+) -> TeamInvite:
+    """A new invite code for the team. Only owners and admins may invite; nobody invites an owner."""
+    actor_membership = _require_manager(team, actor)
+    if role not in (Membership.Role.ADMIN, Membership.Role.MEMBER):
+        raise ValidationFailed(
+            _("An invite grants the admin or member role."), fields={"role": _("Invalid role.")}
+        )
+    if role == Membership.Role.ADMIN and actor_membership.role != Membership.Role.OWNER:
+        raise Forbidden(_("Only an owner can invite admins."))
+    if not 1 <= valid_days <= 90 or not 1 <= max_uses <= 1000:
+        raise ValidationFailed(_("An invite lasts 1 to 90 days and 1 to 1000 uses."))
+    code = "".join(secrets.choice(INVITE_ALPHABET) for _ in range(12))
+    return TeamInvite.objects.create(
+        team=team,
+        code=code,
+        role=role,
+        created_by=actor,
+        expires_at=timezone.now() + timedelta(days=valid_days),
+        max_uses=max_uses,
+    )
+
+
+def team_invite_revoke(*, invite: TeamInvite, actor: User) -> None:
+    _require_manager(invite.team, actor)
+    TeamInvite.objects.filter(pk=invite.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+
+
+def team_join(*, user: User, code: str) -> Membership:
+    """Join the team an invite code belongs to.
+
+    The use count is a conditional update, so an invite is never used more often than it allows, even
+    under concurrent joins. Raises NotFound for an unknown, expired, used-up or revoked code alike.
+    """
+    code = code.strip().upper().replace("-", "")
+    with transaction.atomic():
+        invite = TeamInvite.objects.select_for_update().filter(code=code).first()
+        if invite is None or not invite.usable:
+            raise NotFound(_("That invite code is not valid. Ask the team for a new one."))
+        if Membership.objects.filter(team=invite.team, user=user).exists():
+            raise Conflict(_("You are already in this team."))
+        updated = TeamInvite.objects.filter(pk=invite.pk, uses__lt=F("max_uses")).update(uses=F("uses") + 1)
+        if updated != 1:
+            raise NotFound(_("That invite code is not valid. Ask the team for a new one."))
+        return Membership.objects.create(team=invite.team, user=user, role=invite.role)
+
+
+def team_leave(*, team: Team, user: User) -> None:
+    """Leave a team. The last owner cannot leave: they hand the team over first."""
+    with transaction.atomic():
+        Team.objects.select_for_update().get(pk=team.pk)
+        membership = _membership(team, user)
+        if (
+            membership.role == Membership.Role.OWNER
+            and not Membership.objects.filter(team=team, role=Membership.Role.OWNER)
+            .exclude(pk=membership.pk)
+            .exists()
+        ):
+            raise Conflict(_("You are the team's last owner: make someone else an owner before you leave."))
+        membership.delete()
+
+
+def team_member_remove(*, team: Team, actor: User, member: User) -> None:
+    """Remove a member. Admins remove members; only owners remove admins; owners are never removed."""
+    with transaction.atomic():
+        Team.objects.select_for_update().get(pk=team.pk)
+        actor_membership = _require_manager(team, actor)
+        target = _membership(team, member)
+        if target.role == Membership.Role.OWNER:
+            raise Forbidden(_("An owner cannot be removed; they can leave."))
+        if target.role == Membership.Role.ADMIN and actor_membership.role != Membership.Role.OWNER:
+            raise Forbidden(_("Only an owner can remove an admin."))
+        before = {"role": target.role}
+        target.delete()
+        audit_record(
+            actor=actor,
+            action="team.member_remove",
+            target=team,
+            before=before,
+            after=None,
+            reason=f"removed {member.username}",
+        )
+
+
+def team_member_set_role(*, team: Team, actor: User, member: User, role: str) -> Membership:
+    """Change a member's role. Only owners change roles; the last owner cannot step down."""
+    if role not in Membership.Role.values:
+        raise ValidationFailed(_("Unknown role."), fields={"role": _("Invalid role.")})
+    with transaction.atomic():
+        Team.objects.select_for_update().get(pk=team.pk)
+        actor_membership = _membership(team, actor)
+        if actor_membership.role != Membership.Role.OWNER:
+            raise Forbidden(_("Only an owner can change roles."))
+        target = _membership(team, member)
+        if (
+            target.role == Membership.Role.OWNER
+            and role != Membership.Role.OWNER
+            and not Membership.objects.filter(team=team, role=Membership.Role.OWNER)
+            .exclude(pk=target.pk)
+            .exists()
+        ):
+            raise Conflict(_("A team needs at least one owner."))
+        before = {"role": target.role}
+        target.role = role
+        target.save(update_fields=["role"])
+        audit_record(
+            actor=actor,
+            action="team.member_role",
+            target=team,
+            before=before,
+            after={"role": role},
+            reason=member.username,
+        )
+        return target

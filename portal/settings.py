@@ -1,0 +1,232 @@
+"""Settings for every process of Suanli. Production differs from development only by environment.
+
+Every value comes through ``portal.env.env``, which stops the process with one clear line on a bad value.
+With no DATABASE_URL and no REDIS_URL, the embedded PostgreSQL and Redis under ``.data/`` are started
+(once, shared by every process) and used.
+"""
+
+from __future__ import annotations
+
+import sys
+from datetime import timedelta
+from pathlib import Path
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from django.utils.translation import gettext_lazy as _
+
+from portal import embedded
+from portal.env import ConfigError, database_url, email_url, env, redis_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DEFAULT_SECRET_KEY = "dev-insecure-change-me"  # production refuses to start with it
+
+
+def _fail(message: str) -> None:
+    sys.stderr.write(f"suanli: configuration error: {message}\n")
+    raise SystemExit(2)
+
+
+try:
+    DEBUG = env("DEBUG", True)
+    SECRET_KEY = env("SECRET_KEY", DEFAULT_SECRET_KEY)
+    ALLOWED_HOSTS = env("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
+    CSRF_TRUSTED_ORIGINS = env("CSRF_TRUSTED_ORIGINS", list[str]())
+    SITE_CURRENCY = env("SITE_CURRENCY", "CNY", choices=("CNY", "USD", "EUR", "GBP", "JPY", "HKD", "SGD"))
+    SITE_URL = env("SITE_URL", "http://127.0.0.1:8000")
+    STRIPE_SECRET_KEY = env("STRIPE_SECRET_KEY", "")
+    STRIPE_WEBHOOK_SECRET = env("STRIPE_WEBHOOK_SECRET", "")
+    STRIPE_API_BASE = env("STRIPE_API_BASE", "")  # a local fake Stripe in tests and demos
+    EMAIL_URL = env("EMAIL_URL", "console://", email_url)
+    DEFAULT_FROM_EMAIL = env("DEFAULT_FROM_EMAIL", "Suanli <noreply@localhost>")
+    TIME_ZONE = env("TIME_ZONE", "Asia/Shanghai")
+    METERING_TICK_SECONDS = env("METERING_TICK_SECONDS", 5.0)
+    NODE_LIVENESS_SECONDS = env("NODE_LIVENESS_SECONDS", 30)
+    LOG_LEVEL = env("LOG_LEVEL", "INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    _database_url = env("DATABASE_URL", "", database_url)
+    _redis_url = env("REDIS_URL", "", redis_url)
+except ConfigError as exc:
+    _fail(str(exc))
+
+if not DEBUG and SECRET_KEY == DEFAULT_SECRET_KEY:
+    _fail("SECRET_KEY is the development default; set SECRET_KEY to a long random value in production.")
+
+if not _database_url or not _redis_url:
+    try:
+        _embedded = embedded.ensure(postgres=not _database_url, redis=not _redis_url)
+    except embedded.EmbeddedServiceError as exc:
+        _fail(str(exc))
+    _database_url = _database_url or _embedded.database_url
+    _redis_url = _redis_url or _embedded.redis_url
+
+
+def _database_from_url(url: str) -> dict:
+    parts = urlsplit(url)
+    query = {key: values[-1] for key, values in parse_qs(parts.query).items()}
+    host = query.pop("host", parts.hostname or "")
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": unquote(parts.path.lstrip("/")) or "postgres",
+        "USER": unquote(parts.username or "postgres"),
+        "PASSWORD": unquote(parts.password or ""),
+        "HOST": host,
+        "PORT": str(parts.port or ""),
+        "CONN_MAX_AGE": env("DATABASE_CONN_MAX_AGE", 60),
+        "CONN_HEALTH_CHECKS": True,
+        "OPTIONS": query,
+        "TEST": {"NAME": f"test_{unquote(parts.path.lstrip('/')) or 'postgres'}"},
+    }
+
+
+def celery_url(url: str) -> str:
+    """Kombu spells a Redis unix socket ``redis+socket://``; redis-py spells it ``unix://``."""
+    return "redis+socket://" + url.removeprefix("unix://") if url.startswith("unix://") else url
+
+
+DATABASES = {"default": _database_from_url(_database_url)}
+REDIS_URL = _redis_url
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django.contrib.humanize",
+    "rest_framework",
+    "drf_spectacular",
+    "billing",
+    "provisioner",
+    "portal",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.locale.LocaleMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "portal.middleware.UserPreferencesMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "portal.urls"
+ASGI_APPLICATION = "portal.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.template.context_processors.i18n",
+                "django.template.context_processors.tz",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "portal.context_processors.site",
+            ],
+        },
+    },
+]
+
+AUTH_USER_MODEL = "portal.User"
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "dashboard"
+LOGOUT_REDIRECT_URL = "home"
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en"
+LANGUAGES = [("en", _("English")), ("zh-hans", _("Simplified Chinese"))]
+LOCALE_PATHS = [BASE_DIR / "locale"]
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": "suanli",
+    }
+}
+
+_email = urlsplit(EMAIL_URL)
+if _email.scheme == "console":
+    EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"
+elif _email.scheme == "locmem":
+    EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+elif _email.scheme == "dummy":
+    EMAIL_BACKEND = "django.core.mail.backends.dummy.EmailBackend"
+else:
+    EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+    EMAIL_HOST = _email.hostname or "localhost"
+    EMAIL_PORT = _email.port or (465 if _email.scheme == "smtps" else 587)
+    EMAIL_HOST_USER = unquote(_email.username or "")
+    EMAIL_HOST_PASSWORD = unquote(_email.password or "")
+    EMAIL_USE_SSL = _email.scheme == "smtps"
+    EMAIL_USE_TLS = _email.scheme == "smtp"
+
+CELERY_BROKER_URL = celery_url(REDIS_URL)
+CELERY_RESULT_BACKEND = celery_url(REDIS_URL)
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TIMEZONE = "UTC"
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_RESULT_EXPIRES = timedelta(hours=1)
+CELERY_BEAT_SCHEDULE = {
+    "beat-pulse": {"task": "portal.tasks.beat_pulse", "schedule": env("BEAT_PULSE_SECONDS", 10.0)},
+}
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.SessionAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "portal.errors.api_exception_handler",
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 50,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Suanli API",
+    "DESCRIPTION": "GPU compute by the hour, billed by the second.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+SESSION_COOKIE_HTTPONLY = True
+CSRF_COOKIE_HTTPONLY = False
+X_FRAME_OPTIONS = "SAMEORIGIN"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+if not DEBUG:
+    SESSION_COOKIE_SECURE = env("SESSION_COOKIE_SECURE", True)
+    CSRF_COOKIE_SECURE = env("CSRF_COOKIE_SECURE", True)
+    SECURE_HSTS_SECONDS = env("SECURE_HSTS_SECONDS", 31536000)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = env("SECURE_SSL_REDIRECT", False)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
+    "loggers": {"django.db.backends": {"level": "INFO"}, "pgserver": {"level": "WARNING"}},
+}

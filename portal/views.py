@@ -1,0 +1,183 @@
+"""Pages of the portal app: landing, accounts, profile, teams, health."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth import login
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils import translation
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.utils.translation import gettext as _
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_POST
+
+from billing.errors import ApplicationError
+from portal import selectors, services
+from portal.forms import ProfileForm, SignupForm, TeamCreateForm, TeamInviteForm, TeamJoinForm
+from portal.health import health_report
+from portal.models import Membership, TeamInvite, User
+
+
+def home(request: HttpRequest) -> HttpResponse:
+    return render(request, "portal/home.html")
+
+
+def signup(request: HttpRequest) -> HttpResponse:
+    if request.user.is_authenticated:
+        return redirect("dashboard")
+    form = SignupForm(request.POST or None, initial={"invite_code": request.GET.get("code", "")})
+    if request.method == "POST" and form.is_valid():
+        try:
+            user = services.user_create(
+                username=form.cleaned_data["username"],
+                email=form.cleaned_data["email"],
+                password=form.cleaned_data["password"],
+                language=translation.get_language() or settings.LANGUAGE_CODE,
+            )
+        except ApplicationError as exc:
+            for field, reason in exc.fields.items():
+                form.add_error(field if field in form.fields else None, reason)
+            if not exc.fields:
+                form.add_error(None, exc.message)
+        else:
+            login(request, user, backend="django.contrib.auth.backends.ModelBackend")
+            messages.success(request, _("Welcome to Suanli, %(name)s.") % {"name": user.username})
+            return redirect("dashboard")
+    return render(request, "registration/signup.html", {"form": form})
+
+
+@login_required
+def dashboard(request: HttpRequest) -> HttpResponse:
+    return render(
+        request, "portal/dashboard.html", {"teams": selectors.team_list_for_user(user=request.user)}
+    )
+
+
+@login_required
+def profile(request: HttpRequest) -> HttpResponse:
+    user: User = request.user
+    form = ProfileForm(
+        request.POST or None,
+        initial={"email": user.email, "language": user.language, "time_zone": user.time_zone},
+    )
+    if request.method == "POST" and form.is_valid():
+        services.user_update_profile(user=user, **form.cleaned_data)
+        translation.activate(user.language)
+        messages.success(request, _("Your profile is saved."))
+        return redirect("profile")
+    return render(request, "portal/profile.html", {"form": form})
+
+
+@require_POST
+def language_set(request: HttpRequest) -> HttpResponse:
+    """The switcher: remembered on the user when logged in, in a cookie otherwise."""
+    language = request.POST.get("language", "")
+    next_url = request.POST.get("next") or "/"
+    if not url_has_allowed_host_and_scheme(next_url, allowed_hosts={request.get_host()}):
+        next_url = "/"
+    response = redirect(next_url)
+    if language in dict(settings.LANGUAGES):
+        if request.user.is_authenticated:
+            request.user.language = language
+            request.user.save(update_fields=["language"])
+        response.set_cookie(settings.LANGUAGE_COOKIE_NAME, language, max_age=365 * 24 * 3600, samesite="Lax")
+    return response
+
+
+@login_required
+def team_list(request: HttpRequest) -> HttpResponse:
+    create_form = TeamCreateForm(request.POST or None, prefix="create")
+    join_form = TeamJoinForm(prefix="join")
+    if request.method == "POST" and create_form.is_valid():
+        try:
+            team = services.team_create(creator=request.user, name=create_form.cleaned_data["name"])
+        except ApplicationError as exc:
+            create_form.add_error(None, exc.message)
+        else:
+            messages.success(request, _("Team %(name)s created.") % {"name": team.name})
+            return redirect("team_detail", slug=team.slug)
+    teams = selectors.team_list_for_user(user=request.user)
+    return render(
+        request, "portal/team_list.html", {"teams": teams, "create_form": create_form, "join_form": join_form}
+    )
+
+
+@login_required
+def team_join(request: HttpRequest, code: str = "") -> HttpResponse:
+    """Join by link (``/teams/join/CODE/``, confirmed with a POST) or by typing the code."""
+    form = TeamJoinForm(request.POST or None, prefix="join", initial={"code": code})
+    if request.method == "POST" and form.is_valid():
+        try:
+            membership = services.team_join(user=request.user, code=form.cleaned_data["code"])
+        except ApplicationError as exc:
+            form.add_error("code", exc.message)
+        else:
+            messages.success(request, _("You joined %(name)s.") % {"name": membership.team.name})
+            return redirect("team_detail", slug=membership.team.slug)
+    return render(request, "portal/team_join.html", {"form": form, "code": code})
+
+
+def _team_or_404(request: HttpRequest, slug: str):
+    found = selectors.team_get_for_member(user=request.user, slug=slug)
+    if found is None:
+        raise Http404
+    return found
+
+
+@login_required
+def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
+    team, membership = _team_or_404(request, slug)
+    invite_form = TeamInviteForm(request.POST or None, prefix="invite")
+    if request.method == "POST":
+        try:
+            action = request.POST.get("action")
+            if action == "invite" and invite_form.is_valid():
+                invite = services.team_invite_create(
+                    team=team, actor=request.user, **invite_form.cleaned_data
+                )
+                messages.success(request, _("Invite created: %(code)s") % {"code": invite.code})
+            elif action == "revoke":
+                invite = TeamInvite.objects.get(team=team, pk=request.POST.get("invite"))
+                services.team_invite_revoke(invite=invite, actor=request.user)
+                messages.success(request, _("Invite revoked."))
+            elif action in ("remove", "role"):
+                member = User.objects.get(memberships__team=team, pk=request.POST.get("member"))
+                if action == "remove":
+                    services.team_member_remove(team=team, actor=request.user, member=member)
+                    messages.success(request, _("%(name)s was removed.") % {"name": member.username})
+                else:
+                    services.team_member_set_role(
+                        team=team, actor=request.user, member=member, role=request.POST.get("role", "")
+                    )
+                    messages.success(request, _("Role changed."))
+            elif action == "leave":
+                services.team_leave(team=team, user=request.user)
+                messages.success(request, _("You left %(name)s.") % {"name": team.name})
+                return redirect("team_list")
+        except (TeamInvite.DoesNotExist, User.DoesNotExist):
+            messages.error(request, _("That member or invite is not in this team."))
+        except ApplicationError as exc:
+            messages.error(request, exc.message)
+        return redirect("team_detail", slug=team.slug)
+    context = {
+        "team": team,
+        "membership": membership,
+        "members": team.memberships.select_related("user").order_by("role", "user__username"),
+        "invites": team.invites.filter(revoked_at__isnull=True).order_by("-created_at")[:20]
+        if membership.manages_team
+        else [],
+        "invite_form": invite_form,
+        "roles": Membership.Role.choices,
+        "join_base": request.build_absolute_uri(reverse("team_join")),
+    }
+    return render(request, "portal/team_detail.html", context)
+
+
+@never_cache
+def healthz(request: HttpRequest) -> JsonResponse:
+    healthy, report = health_report()
+    return JsonResponse(report, status=200 if healthy else 503)

@@ -1,0 +1,69 @@
+import subprocess
+import sys
+
+import pytest
+
+from portal.env import ConfigError, database_url, env
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
+
+
+def test_env_parses_typed_values(monkeypatch):
+    monkeypatch.setenv("X_BOOL", "off")
+    monkeypatch.setenv("X_INT", "42")
+    monkeypatch.setenv("X_LIST", "a.example, b.example ,")
+    assert env("X_BOOL", True) is False
+    assert env("X_INT", 1) == 42
+    assert env("X_LIST", ["x"]) == ["a.example", "b.example"]
+    assert env("X_MISSING", 7) == 7
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "default", "parse"),
+    [("X_BOOL", "maybe", True, None), ("X_INT", "4.2", 1, None), ("X_DB", "mysql://x/y", "", database_url)],
+)
+def test_env_names_the_variable_on_a_bad_value(monkeypatch, name, value, default, parse):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match=name):
+        env(name, default, parse)
+
+
+def test_env_refuses_a_value_outside_the_choices(monkeypatch):
+    monkeypatch.setenv("SITE_CURRENCY", "DOGE")
+    with pytest.raises(ConfigError, match="expected one of"):
+        env("SITE_CURRENCY", "CNY", choices=("CNY", "USD"))
+
+
+def _manage_check(**extra):
+    env_vars = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", **extra}
+    return subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        cwd=ROOT,
+        env=env_vars,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_a_malformed_database_url_gets_one_clear_line():
+    result = _manage_check(DATABASE_URL="not-a-url", REDIS_URL="redis://127.0.0.1:1/0")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "suanli: configuration error: DATABASE_URL='not-a-url' is not valid: "
+        "expected a URL starting with postgres:// or postgresql://"
+    ]
+
+
+def test_production_refuses_the_default_secret():
+    result = _manage_check(DEBUG="0", DATABASE_URL="postgresql://u@db/x", REDIS_URL="redis://127.0.0.1:1/0")
+    assert result.returncode == 2
+    assert "SECRET_KEY is the development default" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_an_unknown_setting_value_gets_one_clear_line():
+    result = _manage_check(DEBUG="sometimes", DATABASE_URL="postgresql://u@db/x", REDIS_URL="redis://h:1/0")
+    assert result.returncode == 2
+    assert "DEBUG='sometimes' is not valid" in result.stderr
+    assert "Traceback" not in result.stderr
