@@ -192,7 +192,13 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_RESULT_EXPIRES = timedelta(hours=1)
 CELERY_BEAT_SCHEDULE = {
     "beat-pulse": {"task": "portal.tasks.beat_pulse", "schedule": env("BEAT_PULSE_SECONDS", 10.0)},
+    # --- billing schedule (owned by billing) ---
+    # --- provisioner schedule (owned by provisioner) ---
 }
+
+# --- billing settings (owned by billing) ---
+
+# --- provisioner settings (owned by provisioner) ---
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.SessionAuthentication"],
