@@ -1,4 +1,9 @@
-"""The ASGI application served by uvicorn: pages, the REST API and (later) the Jupyter proxy."""
+"""The ASGI applications served by uvicorn.
+
+``application``: the whole portal — ``/jupyter/…`` (HTTP and WebSocket) goes to the Jupyter proxy, the
+rest to Django (pages, REST API, agent heartbeats). ``proxy_application``: the proxy alone, for running
+it as separate processes when traffic grows (same code, same settings, same database).
+"""
 
 import os
 
@@ -6,4 +11,20 @@ from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 
-application = get_asgi_application()
+django_application = get_asgi_application()
+
+from portal.proxy import PREFIX, JupyterProxy  # noqa: E402  (needs Django set up first)
+
+proxy = JupyterProxy(fallback=django_application)
+
+
+async def application(scope, receive, send):
+    if scope["type"] == "lifespan" or scope["path"].startswith(PREFIX):
+        await proxy(scope, receive, send)
+    elif scope["type"] == "websocket":
+        await send({"type": "websocket.close", "code": 4404})
+    else:
+        await django_application(scope, receive, send)
+
+
+proxy_application = JupyterProxy()

@@ -1,0 +1,361 @@
+"""The authenticated Jupyter proxy: ``/jupyter/<session>/…`` on the portal, HTTP and WebSocket.
+
+A plain ASGI application in front of Django (see ``portal.asgi``), so a proxied request costs a cookie
+parse, a dictionary lookup and the upstream round trip — no Django request cycle. It:
+
+- finds the logged-in user from the Django session cookie and asks ``resolve_route`` (a cached database
+  read) whether that user may use that session; anyone else gets the same 404 as for a session that does
+  not exist;
+- refuses cross-site requests (an ``Origin`` that is not the portal's own host) before it adds anything;
+- forwards to the workload with the workload's token added as ``Authorization: token …``, never passing
+  the portal's own cookies on, and scrubs the token out of every HTML or JSON answer, so the token never
+  reaches a browser;
+- streams bodies both ways (uploads and downloads of any size), and relays WebSocket frames.
+
+It can run as its own process with the same code (``uvicorn portal.asgi:proxy_application``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from http.cookies import SimpleCookie
+from urllib.parse import urlsplit
+
+import httpx
+import websockets
+from asgiref.sync import sync_to_async
+from django.conf import settings
+
+log = logging.getLogger(__name__)
+
+PREFIX = "/jupyter/"
+ROUTE_CACHE_SECONDS = 2.0
+HOP_BY_HOP = {
+    b"connection",
+    b"keep-alive",
+    b"proxy-authenticate",
+    b"proxy-authorization",
+    b"te",
+    b"trailers",
+    b"transfer-encoding",
+    b"upgrade",
+    b"host",
+    b"authorization",
+    b"cookie",
+    b"origin",
+}
+RESPONSE_DROP = HOP_BY_HOP | {b"content-length", b"content-encoding"}
+SCRUBBED_TYPES = (b"text/html", b"application/json", b"text/javascript", b"application/javascript")
+# Cookies the portal sets for itself; the workload never sees them.
+PORTAL_COOKIES = {settings.SESSION_COOKIE_NAME, settings.CSRF_COOKIE_NAME, settings.LANGUAGE_COOKIE_NAME}
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where a session's Jupyter listens, and the token it expects."""
+
+    upstream: str  # e.g. http://127.0.0.1:41234
+    token: str
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why the proxy answers a friendly page instead of forwarding (session exists, is not running)."""
+
+    status: int
+    state: str
+    session_url: str
+
+
+Resolver = Callable[[str, str], Route | Refusal | None]
+
+
+def _default_resolver(django_session_key: str, session_id: str) -> Route | Refusal | None:
+    from portal.selectors import jupyter_route
+
+    return jupyter_route(django_session_key=django_session_key, session_id=session_id)
+
+
+class JupyterProxy:
+    def __init__(self, resolver: Resolver | None = None, fallback=None):
+        self._resolve_sync = resolver or _default_resolver
+        self._resolve = sync_to_async(self._resolve_sync, thread_sensitive=False)
+        self._cache: dict[tuple[str, str], tuple[float, Route | Refusal | None]] = {}
+        self._client: httpx.AsyncClient | None = None
+        self._fallback = fallback
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient(
+                timeout=httpx.Timeout(connect=5.0, read=None, write=60.0, pool=10.0),
+                limits=httpx.Limits(max_connections=512, max_keepalive_connections=128),
+                follow_redirects=False,
+            )
+        return self._client
+
+    def forget(self) -> None:
+        """Drop cached routes (tests; a stop makes the route disappear within ROUTE_CACHE_SECONDS anyway)."""
+        self._cache.clear()
+
+    async def route_for(self, cookie_header: str, session_id: str) -> Route | Refusal | None:
+        cookies = SimpleCookie()
+        with contextlib.suppress(Exception):
+            cookies.load(cookie_header)
+        morsel = cookies.get(settings.SESSION_COOKIE_NAME)
+        if morsel is None or not morsel.value:
+            return None
+        key = (morsel.value, session_id)
+        now = time.monotonic()
+        cached = self._cache.get(key)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        route = await self._resolve(morsel.value, session_id)
+        if len(self._cache) > 10_000:
+            self._cache.clear()
+        self._cache[key] = (now + ROUTE_CACHE_SECONDS, route)
+        return route
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        path: str = scope["path"]
+        session_id = path[len(PREFIX) :].split("/", 1)[0] if path.startswith(PREFIX) else ""
+        headers = {}
+        for name, value in scope["headers"]:
+            headers.setdefault(name, value)
+        if not session_id:
+            await self._plain(scope, send, 404, b"Not found")
+            return
+        if not _same_origin(headers):
+            await self._plain(scope, send, 403, b"Cross-origin request refused")
+            return
+        route = await self.route_for(headers.get(b"cookie", b"").decode("latin-1"), session_id)
+        if route is None:
+            await self._not_found(scope, receive, send)
+            return
+        if isinstance(route, Refusal):
+            await self._refused(scope, send, route)
+            return
+        if scope["type"] == "websocket":
+            await self._websocket(scope, receive, send, route, headers)
+        else:
+            await self._http(scope, receive, send, route)
+
+    async def _lifespan(self, receive, send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                if self._client is not None:
+                    await self._client.aclose()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    # -- HTTP -------------------------------------------------------------------------------------------
+
+    async def _http(self, scope, receive, send, route: Route) -> None:
+        forwarded = _forward_headers(scope["headers"], route)
+        url = route.upstream + _raw_path(scope)
+        more_body = True
+
+        async def body():
+            nonlocal more_body
+            while more_body:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    more_body = False
+                    return
+                more_body = message.get("more_body", False)
+                chunk = message.get("body", b"")
+                if chunk:
+                    yield chunk
+
+        method = scope["method"]
+        has_body = method not in ("GET", "HEAD", "OPTIONS", "DELETE") or any(
+            name in (b"content-length", b"transfer-encoding") for name, _ in scope["headers"]
+        )
+        request = self.client.build_request(
+            method, url, headers=forwarded, content=body() if has_body else None
+        )
+        try:
+            upstream = await self.client.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            log.info("jupyter upstream %s unreachable: %s", route.upstream, exc)
+            await self._plain(
+                scope, send, 502, b"The session's JupyterLab is not answering yet; try again shortly."
+            )
+            return
+        try:
+            response_headers = [
+                (name.lower(), value)
+                for name, value in upstream.headers.raw
+                if name.lower() not in RESPONSE_DROP
+            ]
+            content_type = upstream.headers.get("content-type", "").encode()
+            token = route.token.encode()
+            if content_type.startswith(SCRUBBED_TYPES):
+                payload = await upstream.aread()  # decoded; small (pages, API JSON)
+                payload = payload.replace(token, b"")
+                response_headers.append((b"content-length", str(len(payload)).encode()))
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": upstream.status_code,
+                        "headers": response_headers,
+                    }
+                )
+                await send({"type": "http.response.body", "body": payload})
+                return
+            encoding = upstream.headers.get("content-encoding")
+            if encoding:
+                response_headers.append((b"content-encoding", encoding.encode()))
+            length = upstream.headers.get("content-length")
+            if length is not None:
+                response_headers.append((b"content-length", length.encode()))
+            await send(
+                {"type": "http.response.start", "status": upstream.status_code, "headers": response_headers}
+            )
+            async for chunk in upstream.aiter_raw():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+        finally:
+            await upstream.aclose()
+
+    # -- WebSocket ----------------------------------------------------------------------------------------
+
+    async def _websocket(self, scope, receive, send, route: Route, headers: dict[bytes, bytes]) -> None:
+        connect = await receive()
+        if connect["type"] != "websocket.connect":
+            return
+        target = "ws" + route.upstream.removeprefix("http") + _raw_path(scope)
+        subprotocols = [p.strip() for p in scope.get("subprotocols", []) if p.strip()]
+        try:
+            upstream = await websockets.connect(
+                target,
+                additional_headers={"Authorization": f"token {route.token}"},
+                subprotocols=subprotocols or None,
+                origin=route.upstream,
+                max_size=None,
+                compression=None,
+                open_timeout=10,
+            )
+        except (OSError, websockets.exceptions.WebSocketException, TimeoutError) as exc:
+            log.info("jupyter websocket upstream %s refused: %s", target, exc)
+            await send({"type": "websocket.close", "code": 1011})
+            return
+        await send({"type": "websocket.accept", "subprotocol": upstream.subprotocol})
+
+        async def client_to_upstream():
+            while True:
+                message = await receive()
+                if message["type"] == "websocket.disconnect":
+                    await upstream.close()
+                    return
+                if message.get("bytes") is not None:
+                    await upstream.send(message["bytes"])
+                elif message.get("text") is not None:
+                    await upstream.send(message["text"])
+
+        async def upstream_to_client():
+            try:
+                async for frame in upstream:
+                    if isinstance(frame, bytes):
+                        await send({"type": "websocket.send", "bytes": frame})
+                    else:
+                        await send({"type": "websocket.send", "text": frame})
+            except websockets.exceptions.ConnectionClosed:
+                pass
+            with contextlib.suppress(Exception):
+                await send({"type": "websocket.close", "code": upstream.close_code or 1000})
+
+        tasks = [asyncio.ensure_future(client_to_upstream()), asyncio.ensure_future(upstream_to_client())]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await upstream.close()
+
+    # -- answers of our own ----------------------------------------------------------------------------------
+
+    async def _plain(self, scope, send, status: int, text: bytes) -> None:
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 4000 + status})
+            return
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(b"content-type", b"text/plain; charset=utf-8"), (b"cache-control", b"no-store")],
+            }
+        )
+        await send({"type": "http.response.body", "body": text})
+
+    async def _not_found(self, scope, receive, send) -> None:
+        """The same 404 page Django gives for any unknown URL: no hint that the session exists."""
+        if scope["type"] == "http" and self._fallback is not None:
+            await self._fallback(scope, receive, send)
+            return
+        await self._plain(scope, send, 404, b"Not found")
+
+    async def _refused(self, scope, send, refusal: Refusal) -> None:
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 4409})
+            return
+        # Let the portal render its friendly page with the session's state and a way back.
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 302 if scope["method"] in ("GET", "HEAD") else refusal.status,
+                "headers": [(b"location", refusal.session_url.encode()), (b"cache-control", b"no-store")],
+            }
+        )
+        await send({"type": "http.response.body", "body": b""})
+
+
+def _raw_path(scope) -> str:
+    path = scope.get("raw_path") or scope["path"].encode()
+    query = scope.get("query_string", b"")
+    text = path.decode("latin-1")
+    return text + ("?" + query.decode("latin-1") if query else "")
+
+
+def _forward_headers(raw_headers, route: Route) -> list[tuple[bytes, bytes]]:
+    forwarded = [(name, value) for name, value in raw_headers if name not in HOP_BY_HOP]
+    cookie = _jupyter_cookies(raw_headers)
+    if cookie:
+        forwarded.append((b"cookie", cookie))
+    forwarded.append((b"authorization", f"token {route.token}".encode()))
+    return forwarded
+
+
+def _jupyter_cookies(raw_headers) -> bytes:
+    """The browser's cookies minus the portal's own (session, CSRF, language)."""
+    kept = []
+    for name, value in raw_headers:
+        if name != b"cookie":
+            continue
+        for part in value.split(b";"):
+            cookie_name = part.split(b"=", 1)[0].strip().decode("latin-1")
+            if cookie_name and cookie_name not in PORTAL_COOKIES:
+                kept.append(part.strip())
+    return b"; ".join(kept)
+
+
+def _same_origin(headers: dict[bytes, bytes]) -> bool:
+    origin = headers.get(b"origin")
+    if not origin:
+        return True  # not a browser, or a same-origin GET; SameSite=Lax keeps cross-site cookies off
+    host = headers.get(b"host", b"").decode("latin-1")
+    return urlsplit(origin.decode("latin-1")).netloc == host
+
+
+ASGIApp = Callable[[dict, Callable, Callable], Awaitable[None]]
