@@ -26,10 +26,11 @@ from dataclasses import dataclass
 from http.cookies import SimpleCookie
 from urllib.parse import urlsplit
 
-import httpx
 import websockets
 from asgiref.sync import sync_to_async
 from django.conf import settings
+
+from portal.upstream import UpstreamError, UpstreamPool
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +49,10 @@ HOP_BY_HOP = {
     b"authorization",
     b"cookie",
     b"origin",
+    b"expect",
+    b"content-length",
 }
-RESPONSE_DROP = HOP_BY_HOP | {b"content-length", b"content-encoding"}
+RESPONSE_DROP = HOP_BY_HOP | {b"content-encoding"}
 SCRUBBED_TYPES = (b"text/html", b"application/json", b"text/javascript", b"application/javascript")
 # Cookies the portal sets for itself; the workload never sees them.
 PORTAL_COOKIES = {settings.SESSION_COOKIE_NAME, settings.CSRF_COOKIE_NAME, settings.LANGUAGE_COOKIE_NAME}
@@ -61,6 +64,11 @@ class Route:
 
     upstream: str  # e.g. http://127.0.0.1:41234
     token: str
+
+    @property
+    def address(self) -> tuple[str, int]:
+        parts = urlsplit(self.upstream)
+        return parts.hostname or "127.0.0.1", parts.port or 80
 
 
 @dataclass(frozen=True)
@@ -86,39 +94,26 @@ class JupyterProxy:
         self._resolve_sync = resolver or _default_resolver
         self._resolve = sync_to_async(self._resolve_sync, thread_sensitive=False)
         self._cache: dict[tuple[str, str], tuple[float, Route | Refusal | None]] = {}
-        self._client: httpx.AsyncClient | None = None
+        self.pool = UpstreamPool()
         self._fallback = fallback
-
-    @property
-    def client(self) -> httpx.AsyncClient:
-        if self._client is None:
-            self._client = httpx.AsyncClient(
-                timeout=httpx.Timeout(connect=5.0, read=None, write=60.0, pool=10.0),
-                limits=httpx.Limits(max_connections=512, max_keepalive_connections=128),
-                follow_redirects=False,
-            )
-        return self._client
 
     def forget(self) -> None:
         """Drop cached routes (tests; a stop makes the route disappear within ROUTE_CACHE_SECONDS anyway)."""
         self._cache.clear()
 
     async def route_for(self, cookie_header: str, session_id: str) -> Route | Refusal | None:
+        now = time.monotonic()
+        cached = self._cache.get((cookie_header, session_id))
+        if cached is not None and cached[0] > now:
+            return cached[1]
         cookies = SimpleCookie()
         with contextlib.suppress(Exception):
             cookies.load(cookie_header)
         morsel = cookies.get(settings.SESSION_COOKIE_NAME)
-        if morsel is None or not morsel.value:
-            return None
-        key = (morsel.value, session_id)
-        now = time.monotonic()
-        cached = self._cache.get(key)
-        if cached is not None and cached[0] > now:
-            return cached[1]
-        route = await self._resolve(morsel.value, session_id)
+        route = await self._resolve(morsel.value, session_id) if morsel is not None and morsel.value else None
         if len(self._cache) > 10_000:
             self._cache.clear()
-        self._cache[key] = (now + ROUTE_CACHE_SECONDS, route)
+        self._cache[(cookie_header, session_id)] = (now + ROUTE_CACHE_SECONDS, route)
         return route
 
     async def __call__(self, scope, receive, send) -> None:
@@ -154,8 +149,7 @@ class JupyterProxy:
             if message["type"] == "lifespan.startup":
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
-                if self._client is not None:
-                    await self._client.aclose()
+                self.pool.close()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
@@ -163,71 +157,60 @@ class JupyterProxy:
 
     async def _http(self, scope, receive, send, route: Route) -> None:
         forwarded = _forward_headers(scope["headers"], route)
-        url = route.upstream + _raw_path(scope)
-        more_body = True
+        content_length = None
+        has_body = False
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                content_length, has_body = int(value), int(value) > 0
+            elif name == b"transfer-encoding":
+                has_body = True
 
         async def body():
-            nonlocal more_body
-            while more_body:
+            while True:
                 message = await receive()
                 if message["type"] == "http.disconnect":
-                    more_body = False
                     return
-                more_body = message.get("more_body", False)
                 chunk = message.get("body", b"")
                 if chunk:
                     yield chunk
+                if not message.get("more_body", False):
+                    return
 
-        method = scope["method"]
-        has_body = method not in ("GET", "HEAD", "OPTIONS", "DELETE") or any(
-            name in (b"content-length", b"transfer-encoding") for name, _ in scope["headers"]
-        )
-        request = self.client.build_request(
-            method, url, headers=forwarded, content=body() if has_body else None
-        )
+        host, port = route.address
         try:
-            upstream = await self.client.send(request, stream=True)
-        except httpx.HTTPError as exc:
+            upstream = await self.pool.request(
+                host=host,
+                port=port,
+                method=scope["method"],
+                target=_raw_path(scope),
+                headers=forwarded,
+                body=body() if has_body else None,
+                content_length=content_length if has_body else None,
+            )
+        except UpstreamError as exc:
             log.info("jupyter upstream %s unreachable: %s", route.upstream, exc)
             await self._plain(
                 scope, send, 502, b"The session's JupyterLab is not answering yet; try again shortly."
             )
             return
-        try:
-            response_headers = [
-                (name.lower(), value)
-                for name, value in upstream.headers.raw
-                if name.lower() not in RESPONSE_DROP
-            ]
-            content_type = upstream.headers.get("content-type", "").encode()
-            token = route.token.encode()
-            if content_type.startswith(SCRUBBED_TYPES):
-                payload = await upstream.aread()  # decoded; small (pages, API JSON)
-                payload = payload.replace(token, b"")
-                response_headers.append((b"content-length", str(len(payload)).encode()))
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": upstream.status_code,
-                        "headers": response_headers,
-                    }
-                )
-                await send({"type": "http.response.body", "body": payload})
-                return
-            encoding = upstream.headers.get("content-encoding")
-            if encoding:
-                response_headers.append((b"content-encoding", encoding.encode()))
-            length = upstream.headers.get("content-length")
-            if length is not None:
-                response_headers.append((b"content-length", length.encode()))
+        response_headers = [(name, value) for name, value in upstream.headers if name not in RESPONSE_DROP]
+        content_type = upstream.header(b"content-type") or b""
+        if content_type.startswith(SCRUBBED_TYPES) and not upstream.header(b"content-encoding"):
+            payload = (await upstream.read()).replace(route.token.encode(), b"")
+            response_headers.append((b"content-length", str(len(payload)).encode()))
             await send(
-                {"type": "http.response.start", "status": upstream.status_code, "headers": response_headers}
+                {"type": "http.response.start", "status": upstream.status, "headers": response_headers}
             )
-            async for chunk in upstream.aiter_raw():
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b""})
-        finally:
-            await upstream.aclose()
+            await send({"type": "http.response.body", "body": payload})
+            return
+        for name in (b"content-length", b"content-encoding"):
+            value = upstream.header(name)
+            if value is not None:
+                response_headers.append((name, value))
+        await send({"type": "http.response.start", "status": upstream.status, "headers": response_headers})
+        async for chunk in upstream.body:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
 
     # -- WebSocket ----------------------------------------------------------------------------------------
 
