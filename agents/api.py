@@ -1,0 +1,161 @@
+"""The agent's HTTP API (docs/AGENT_PROTOCOL.md), on the standard library's threading server.
+
+Every call needs ``Authorization: Bearer <node token>``, compared in constant time. Errors are
+``{"error": {"code", "message", "fields"}}``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import re
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from agents import __version__
+from agents.gpuplan import PlanError
+from agents.spec import SpecError, parse_spec
+from agents.workloads import WorkloadConflict, Workloads, WorkloadStartFailed
+
+log = logging.getLogger("agents.api")
+MAX_BODY_BYTES = 1 << 20
+_WORKLOAD_PATH = re.compile(r"^/v1/workloads/(?P<sid>[^/]+)$")
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str, fields: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.fields = status, code, message, fields or {}
+
+
+class AgentApi:
+    """What the handler calls; holds the agent's parts."""
+
+    def __init__(self, *, token: str, workloads: Workloads, runtime_name: str, nvml_name: str) -> None:
+        self.token = token.encode()
+        self.workloads = workloads
+        self.runtime_name = runtime_name
+        self.nvml_name = nvml_name
+
+    def authorised(self, header: str | None) -> bool:
+        if not header or not header.startswith("Bearer "):
+            return False
+        return hmac.compare_digest(header[len("Bearer ") :].strip().encode(), self.token)
+
+    def route(self, method: str, path: str, body: bytes) -> tuple[int, Any]:
+        workloads = self.workloads
+        if path == "/v1/health" and method == "GET":
+            inventory = workloads.reader.inventory()
+            return 200, {
+                "status": "ok",
+                "agent_version": __version__,
+                "runtime": self.runtime_name,
+                "nvml": self.nvml_name,
+                "gpus": len(inventory["gpus"]),
+                "workloads": len(workloads.all()),
+            }
+        if path == "/v1/inventory" and method == "GET":
+            return 200, workloads.reader.inventory()
+        if path == "/v1/metrics" and method == "GET":
+            metrics, _ = workloads.reader.metrics()
+            return 200, metrics
+        if path == "/v1/workloads" and method == "GET":
+            _, per_session = workloads.reader.metrics(workloads.pids_by_session(), workloads.gpu_of_session())
+            return 200, {"workloads": workloads.statuses(per_session)}
+        match = _WORKLOAD_PATH.match(path)
+        if match is None:
+            raise ApiError(404, "not_found", f"no such endpoint: {path}")
+        session_id = match["sid"]
+        if method == "GET":
+            workload = workloads.get(session_id)
+            if workload is None:
+                raise ApiError(404, "not_found", f"no workload {session_id}")
+            return 200, workload.status()
+        if method == "DELETE":
+            return 200, {"deleted": workloads.delete(session_id)}
+        if method == "PUT":
+            return self._put(session_id, body)
+        raise ApiError(405, "method_not_allowed", f"{method} is not allowed on {path}")
+
+    def _put(self, session_id: str, body: bytes) -> tuple[int, Any]:
+        try:
+            data = json.loads(body.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise ApiError(400, "malformed_json", f"the body is not JSON: {exc}", {"": "not valid JSON"})
+        try:
+            spec = parse_spec(data, session_id=session_id)
+        except SpecError as exc:
+            raise ApiError(400, "invalid_spec", "the workload spec is invalid", exc.fields)
+        try:
+            created, workload = self.workloads.put(spec)
+        except WorkloadConflict:
+            raise ApiError(
+                409,
+                "conflict",
+                f"a different spec already exists for {session_id}",
+                {"session_id": "already used"},
+            )
+        except PlanError as exc:
+            status = 409 if exc.code == "gpu_busy" else 400
+            raise ApiError(status, exc.code, "the allocation cannot be served on this node", exc.fields)
+        except WorkloadStartFailed as exc:
+            raise ApiError(500, "start_failed", str(exc))
+        return (201 if created else 200), workload.status()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server_version = f"suanli-agent/{__version__}"
+    protocol_version = "HTTP/1.1"
+    api: AgentApi  # set on the subclass made by make_server
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        log.debug("%s %s", self.address_string(), format % args)
+
+    def _answer(self, status: int, payload: Any) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _handle(self, method: str) -> None:
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+            if length > MAX_BODY_BYTES:
+                raise ApiError(413, "too_large", "the body is too large")
+            body = self.rfile.read(length) if length else b""
+            if not self.api.authorised(self.headers.get("Authorization")):
+                raise ApiError(
+                    401, "unauthorised", "a valid 'Authorization: Bearer <node token>' is required"
+                )
+            status, payload = self.api.route(method, self.path.split("?", 1)[0], body)
+        except ApiError as exc:
+            status, payload = (
+                exc.status,
+                {"error": {"code": exc.code, "message": exc.message, "fields": exc.fields}},
+            )
+        except Exception:
+            log.exception("%s %s failed", method, self.path)
+            status, payload = 500, {"error": {"code": "internal", "message": "internal error", "fields": {}}}
+        self._answer(status, payload)
+
+    def do_GET(self) -> None:  # noqa: N802
+        self._handle("GET")
+
+    def do_PUT(self) -> None:  # noqa: N802
+        self._handle("PUT")
+
+    def do_DELETE(self) -> None:  # noqa: N802
+        self._handle("DELETE")
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._handle("POST")
+
+
+def make_server(host: str, port: int, api: AgentApi) -> ThreadingHTTPServer:
+    handler = type("AgentHandler", (_Handler,), {"api": api})
+    server = ThreadingHTTPServer((host, port), handler)
+    server.daemon_threads = True
+    return server

@@ -1,0 +1,203 @@
+"""``python -m agents``: the node agent's command line. Every option also reads ``AGENT_<NAME>``.
+
+A bad option, token file or fleet file ends the agent at once with one line on stderr and exit
+code 2 (no traceback). SIGTERM / SIGINT stop the agent and leave every workload running; the next
+agent on the same ``--state-dir`` adopts them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import logging
+import os
+import shutil
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import NoReturn
+
+from agents import __version__
+from agents.gpuplan import VGPU_LIB_TARGET, HostGpuTools
+from agents.nvml import GpuReader, nvml_source
+from agents.nvml.fleet import FleetError
+from agents.runtimes import RuntimeOptions, runtime_class, runtime_names
+
+log = logging.getLogger("agents")
+EXIT_USAGE = 2
+MONITOR_SECONDS = 1.0
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        fail(message)
+
+
+def fail(message: str) -> NoReturn:
+    print(f"agents: error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(EXIT_USAGE)
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(f"AGENT_{name}", default)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _OneLineParser(prog="python -m agents", description="Suanli node agent")
+    p.add_argument("--listen", default=_env("LISTEN", "127.0.0.1:8701"), help="HOST:PORT for the agent API")
+    p.add_argument("--token-file", default=_env("TOKEN_FILE"), help="file holding the node token")
+    p.add_argument("--portal", default=_env("PORTAL"), help="portal base URL; without it, no heartbeats")
+    p.add_argument("--runtime", default=_env("RUNTIME", "process"), choices=runtime_names())
+    p.add_argument("--state-dir", default=_env("STATE_DIR"), help="where workload records and homes live")
+    p.add_argument("--fleet", default=_env("FLEET"), help="fake NVML from this fleet YAML (else real pynvml)")
+    p.add_argument("--heartbeat-seconds", type=float, default=float(_env("HEARTBEAT_SECONDS", "5")))
+    p.add_argument("--advertise-url", default=_env("ADVERTISE_URL"), help="listen_url sent to the portal")
+    p.add_argument("--sandbox", default=_env("SANDBOX", "auto"), choices=["auto", "bwrap", "none"])
+    p.add_argument("--vgpu-lib", default=_env("VGPU_LIB", "/usr/local/vgpu/libvgpu.so"), help="HAMi-core lib")
+    p.add_argument("--mps-control", default=_env("MPS_CONTROL", "nvidia-cuda-mps-control"))
+    p.add_argument("--docker-image", default=_env("DOCKER_IMAGE", "quay.io/jupyter/base-notebook"))
+    p.add_argument("--start-timeout-seconds", type=float, default=float(_env("START_TIMEOUT_SECONDS", "120")))
+    p.add_argument(
+        "--log-level", default=_env("LOG_LEVEL", "info"), choices=["debug", "info", "warning", "error"]
+    )
+    p.add_argument("--version", action="version", version=__version__)
+    return p
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        fail(f"--listen must be HOST:PORT, got {value!r}")
+    return host.strip("[]"), int(port)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+    except ValueError as exc:  # a bad number in an AGENT_* variable
+        fail(str(exc))
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    host, port = parse_listen(args.listen)
+    if not args.token_file:
+        fail("--token-file (or AGENT_TOKEN_FILE) is required")
+    if not args.state_dir:
+        fail("--state-dir (or AGENT_STATE_DIR) is required")
+    if args.heartbeat_seconds <= 0:
+        fail("--heartbeat-seconds must be positive")
+    if args.portal and not args.portal.startswith(("http://", "https://")):
+        fail(f"--portal must be an http(s) URL, got {args.portal!r}")
+    try:
+        token = Path(args.token_file).read_text().strip()
+    except OSError as exc:
+        fail(f"cannot read --token-file {args.token_file}: {exc.strerror}")
+    if len(token) < 16:
+        fail(f"the node token in {args.token_file} is shorter than 16 characters")
+
+    try:
+        source = nvml_source("fake", fleet_path=args.fleet) if args.fleet else nvml_source("real")
+        nvml = source.open()
+    except FleetError as exc:
+        fail(f"bad fleet file: {exc}")
+    except Exception as exc:  # pynvml.NVMLError_LibraryNotFound, DriverNotLoaded, …
+        fail(f"NVML is not available ({exc}); on a host without GPUs pass --fleet FILE")
+    reader = GpuReader(nvml)
+    reader.inventory()
+
+    state_dir = Path(args.state_dir).absolute()
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        fail(f"cannot create --state-dir {state_dir}: {exc.strerror}")
+    tools = host_gpu_tools(state_dir, vgpu_lib=args.vgpu_lib, mps_control=args.mps_control)
+    options = RuntimeOptions(state_dir=state_dir, sandbox=args.sandbox, default_image=args.docker_image)
+    runtime = runtime_class(args.runtime)(options)
+    if args.runtime == "process":
+        try:
+            runtime.sandbox_in_use()
+        except Exception as exc:
+            fail(str(exc))
+
+    from agents.api import AgentApi, make_server
+    from agents.heartbeat import Heartbeats
+    from agents.workloads import Workloads
+
+    workloads = Workloads(
+        runtime=runtime,
+        reader=reader,
+        tools=tools,
+        state_dir=state_dir,
+        start_timeout_seconds=args.start_timeout_seconds,
+    )
+    api = AgentApi(
+        token=token,
+        workloads=workloads,
+        runtime_name=args.runtime,
+        nvml_name="fake" if args.fleet else "real",
+    )
+    try:
+        server = make_server(host, port, api)
+    except OSError as exc:
+        reason = "address already in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
+        fail(f"cannot listen on {host}:{port}: {reason}")
+    adopted = workloads.adopt()
+    listen_url = args.advertise_url or f"http://{host}:{server.server_address[1]}"
+    log.info(
+        "agent %s listening on %s (runtime %s, nvml %s, %d GPUs, %d workloads adopted)",
+        __version__,
+        listen_url,
+        args.runtime,
+        api.nvml_name,
+        len(reader.inventory()["gpus"]),
+        len(adopted),
+    )
+
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    threading.Thread(target=server.serve_forever, name="api", daemon=True).start()
+    heartbeats = None
+    if args.portal:
+        heartbeats = Heartbeats(
+            portal=args.portal,
+            token=token,
+            listen_url=listen_url,
+            runtime_name=args.runtime,
+            workloads=workloads,
+            interval_seconds=args.heartbeat_seconds,
+        )
+        heartbeats.start()
+    while not stop.wait(MONITOR_SECONDS):
+        try:
+            workloads.refresh()
+        except Exception:
+            log.exception("workload refresh failed")
+    log.info("agent stopping; %d workloads left running", sum(w.live for w in workloads.all()))
+    if heartbeats:
+        heartbeats.stop()
+    server.shutdown()
+    server.server_close()
+    return 0
+
+
+def host_gpu_tools(state_dir: Path, *, vgpu_lib: str, mps_control: str) -> HostGpuTools:
+    """What this host offers for GPU sharing; writes the preload list naming libvgpu.so's target."""
+    lib = vgpu_lib if os.path.isfile(vgpu_lib) else None
+    preload = None
+    if lib:
+        preload_path = state_dir / "vgpu" / "ld.so.preload"
+        preload_path.parent.mkdir(parents=True, exist_ok=True)
+        preload_path.write_text(f"{VGPU_LIB_TARGET}\n")
+        preload = str(preload_path)
+    return HostGpuTools(
+        vgpu_lib=lib and os.path.abspath(lib),
+        vgpu_preload_file=preload,
+        mps_control=shutil.which(mps_control),
+        mps_root=str(state_dir / "mps"),
+        vgpu_lib_configured=vgpu_lib,
+        mps_control_configured=mps_control,
+    )

@@ -1,0 +1,303 @@
+"""GPU plans: what exactly a workload gets from its allocation. Pure functions over dataclasses.
+
+A plan names the device the workload sees (by UUID), the environment that enforces its share, and
+the files to mount. The host's facts (is ``libvgpu.so`` there, is the MPS control binary there)
+come in as ``HostGpuTools``; nothing here touches the file system.
+
+Sharing policies, one per GPU at a time:
+- ``exclusive``: a whole card or a MIG device, passed through by UUID; no caps.
+- ``fixed-share``: HAMi-core's ``libvgpu.so`` preloaded; ``CUDA_DEVICE_MEMORY_LIMIT`` and
+  ``CUDA_DEVICE_SM_LIMIT`` from the slice.
+- ``equal-share``: one NVIDIA MPS control daemon per GPU; ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` and
+  ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` from the slice.
+- ``best-effort``: time slicing with a memory cap only (enforced by ``libvgpu.so`` where present).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+
+SLOTS_PER_GPU = 8
+SLICE_PROFILES = {"whole": 8, "1/2": 4, "1/4": 2, "1/8": 1}
+SHARING_POLICIES = ("exclusive", "fixed-share", "equal-share", "best-effort")
+SHARED_POLICIES = ("fixed-share", "equal-share", "best-effort")
+MIG_PROFILE_RE = re.compile(r"^(?P<slices>[1-7])g\.(?P<gb>\d+)gb(?:\+me)?$")
+# Where libvgpu.so and its preload list appear inside a sandbox or container, as HAMi lays them out.
+VGPU_LIB_TARGET = "/usr/local/vgpu/libvgpu.so"
+LD_SO_PRELOAD = "/etc/ld.so.preload"
+POLICY_FIELD = "allocation.sharing_policy"
+
+
+class PlanError(ValueError):
+    """An allocation that cannot be served; ``fields`` maps each field path to why."""
+
+    def __init__(self, fields: Mapping[str, str], *, code: str = "invalid_allocation") -> None:
+        self.fields = dict(fields)
+        self.code = code
+        super().__init__("; ".join(f"{path}: {why}" for path, why in self.fields.items()))
+
+
+@dataclass(frozen=True)
+class Allocation:
+    device_uuid: str
+    profile: str
+    slot_start: int
+    slot_count: int
+    sharing_policy: str
+
+
+@dataclass(frozen=True)
+class HostGpuTools:
+    """What the host offers for sharing: paths when present, None when absent."""
+
+    vgpu_lib: str | None = None  # libvgpu.so, checked to exist by the caller
+    vgpu_preload_file: str | None = None  # a file listing VGPU_LIB_TARGET, for /etc/ld.so.preload
+    mps_control: str | None = None  # nvidia-cuda-mps-control
+    mps_root: str = "/tmp/suanli-mps"
+    vgpu_lib_configured: str = "libvgpu.so"
+    mps_control_configured: str = "nvidia-cuda-mps-control"
+
+
+@dataclass(frozen=True)
+class RunningShare:
+    """A share already served on a GPU: which GPU, device, policy and slots."""
+
+    session_id: str
+    gpu_uuid: str
+    device_uuid: str
+    sharing_policy: str
+    slot_start: int
+    slot_count: int
+
+
+@dataclass(frozen=True)
+class Mount:
+    source: str
+    target: str
+    read_only: bool = True
+
+
+@dataclass(frozen=True)
+class GpuPlan:
+    gpu_uuid: str | None  # the physical GPU (parent of a MIG device); None for a cpu session
+    device_uuid: str | None  # what the workload sees
+    profile: str | None
+    sharing_policy: str | None
+    slot_start: int = 0
+    slot_count: int = 0
+    env: dict[str, str] = field(default_factory=dict)
+    mounts: tuple[Mount, ...] = ()
+    memory_limit_mib: int | None = None
+    sm_percent: int | None = None
+    preload_vgpu: bool = False
+    mps_pipe_directory: str | None = None  # set for equal-share: the GPU's MPS daemon
+    mps_log_directory: str | None = None
+
+    def to_json(self) -> dict:
+        return copy.deepcopy(self.wire)
+
+    @functools.cached_property
+    def wire(self) -> dict:
+        """The plan as JSON, built once (a heartbeat sends every workload's plan): do not mutate."""
+        data = asdict(self)
+        data["mounts"] = [asdict(m) for m in self.mounts]
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> GpuPlan:
+        values = dict(data)
+        values["mounts"] = tuple(Mount(**m) for m in values.get("mounts", ()))
+        return cls(**values)
+
+    def share(self, session_id: str) -> RunningShare | None:
+        if self.gpu_uuid is None or self.device_uuid is None or self.sharing_policy is None:
+            return None
+        return RunningShare(
+            session_id, self.gpu_uuid, self.device_uuid, self.sharing_policy, self.slot_start, self.slot_count
+        )
+
+
+def cpu_plan() -> GpuPlan:
+    """A session without a GPU: it sees none."""
+    return GpuPlan(None, None, None, None, env={"CUDA_VISIBLE_DEVICES": "", "NVIDIA_VISIBLE_DEVICES": "void"})
+
+
+def _find_device(inventory: Mapping, device_uuid: str) -> tuple[dict, dict | None] | None:
+    for gpu in inventory.get("gpus", []):
+        if gpu.get("uuid") == device_uuid:
+            return gpu, None
+        for mig in gpu.get("mig_devices", []):
+            if mig.get("uuid") == device_uuid:
+                return gpu, mig
+    return None
+
+
+def _mig_slices(profile: str) -> int | None:
+    match = MIG_PROFILE_RE.match(profile)
+    return int(match["slices"]) if match else None
+
+
+def gpu_plan(
+    allocation: Allocation,
+    inventory: Mapping,
+    *,
+    running: Iterable[RunningShare] = (),
+    tools: HostGpuTools = HostGpuTools(),
+    session_id: str = "",
+) -> GpuPlan:
+    """Derive the plan for one allocation, or raise PlanError naming the field and why.
+
+    ``running`` are the shares already served on this host (other sessions); a plan that would mix
+    policies on one GPU, or overlap their slots, is refused.
+    """
+    a = allocation
+    errors: dict[str, str] = {}
+    if a.sharing_policy not in SHARING_POLICIES:
+        errors[POLICY_FIELD] = f"must be one of {', '.join(SHARING_POLICIES)}"
+    is_slice = a.profile in SLICE_PROFILES
+    mig_slices = _mig_slices(a.profile)
+    if not is_slice and mig_slices is None:
+        errors["allocation.profile"] = "must be whole, 1/2, 1/4, 1/8 or a MIG profile such as 1g.18gb"
+    found = _find_device(inventory, a.device_uuid)
+    if found is None:
+        errors["allocation.device_uuid"] = "no such GPU or MIG device on this node"
+    if errors:
+        raise PlanError(errors)
+    gpu, mig = found
+    if gpu.get("health") != "ok":
+        raise PlanError({"allocation.device_uuid": "this GPU is lost (NVML reports it gone)"})
+
+    if mig is not None:  # a MIG device
+        if is_slice:
+            raise PlanError(
+                {"allocation.profile": f"{a.profile} is a slice profile; a MIG device takes its MIG profile"}
+            )
+        device_slices = _mig_slices(mig.get("profile") or "")
+        if device_slices is not None and mig_slices > device_slices:
+            raise PlanError(
+                {"allocation.profile": f"{a.profile} is larger than the device ({mig.get('profile')})"}
+            )
+        if a.profile != mig.get("profile"):
+            raise PlanError(
+                {"allocation.profile": f"the device is a {mig.get('profile')}, not a {a.profile}"}
+            )
+        size = SLOTS_PER_GPU
+        if a.sharing_policy != "exclusive":
+            raise PlanError({POLICY_FIELD: "a MIG device is passed through: use exclusive"})
+    else:  # a physical GPU
+        if mig_slices is not None:
+            if gpu.get("mig_mode"):
+                raise PlanError(
+                    {"allocation.device_uuid": "a MIG profile names a MIG device (MIG-…), not its GPU"}
+                )
+            raise PlanError(
+                {"allocation.profile": f"{a.profile} is a MIG profile; this GPU is not in MIG mode"}
+            )
+        if gpu.get("mig_mode"):
+            raise PlanError(
+                {"allocation.profile": "this GPU is in MIG mode: allocate one of its MIG devices"}
+            )
+        size = SLICE_PROFILES[a.profile]
+        if a.profile == "whole" and a.sharing_policy != "exclusive":
+            raise PlanError({POLICY_FIELD: "a whole card is passed through: use exclusive"})
+        if a.profile != "whole" and a.sharing_policy == "exclusive":
+            raise PlanError(
+                {POLICY_FIELD: f"a {a.profile} slice is shared: use one of {', '.join(SHARED_POLICIES)}"}
+            )
+    if a.slot_count != size:
+        raise PlanError(
+            {"allocation.slot_count": f"profile {a.profile} takes {size} slots, not {a.slot_count}"}
+        )
+    if not 0 <= a.slot_start < SLOTS_PER_GPU or a.slot_start + a.slot_count > SLOTS_PER_GPU:
+        raise PlanError(
+            {"allocation.slot_start": f"slots {a.slot_start}..{a.slot_start + a.slot_count} lie outside 0..8"}
+        )
+    if a.slot_start % size:
+        raise PlanError({"allocation.slot_start": f"a slice of {size} slots starts at a multiple of {size}"})
+
+    gpu_uuid = gpu["uuid"]
+    for share in running:
+        if share.session_id == session_id or share.gpu_uuid != gpu_uuid:
+            continue
+        if share.sharing_policy != a.sharing_policy:
+            raise PlanError(
+                {POLICY_FIELD: f"GPU {gpu_uuid} already serves {share.sharing_policy} workloads"},
+                code="gpu_busy",
+            )
+        if share.device_uuid == a.device_uuid and (
+            a.slot_start < share.slot_start + share.slot_count
+            and share.slot_start < a.slot_start + a.slot_count
+        ):
+            raise PlanError(
+                {"allocation.slot_start": f"slots overlap those of session {share.session_id}"},
+                code="gpu_busy",
+            )
+
+    device_memory_mib = (mig or gpu).get("memory_total_mib") or 0
+    env = {"CUDA_VISIBLE_DEVICES": a.device_uuid, "NVIDIA_VISIBLE_DEVICES": a.device_uuid}
+    memory_limit_mib = device_memory_mib * a.slot_count // SLOTS_PER_GPU
+    percent = 100 * a.slot_count // SLOTS_PER_GPU
+    common = {
+        "gpu_uuid": gpu_uuid,
+        "device_uuid": a.device_uuid,
+        "profile": a.profile,
+        "sharing_policy": a.sharing_policy,
+        "slot_start": a.slot_start,
+        "slot_count": a.slot_count,
+    }
+    if a.sharing_policy == "exclusive":
+        return GpuPlan(**common, env=env)
+    if a.sharing_policy == "fixed-share":
+        if tools.vgpu_lib is None or tools.vgpu_preload_file is None:
+            raise PlanError(
+                {POLICY_FIELD: f"fixed-share needs libvgpu.so, absent at {tools.vgpu_lib_configured}"}
+            )
+        env |= {"CUDA_DEVICE_MEMORY_LIMIT": f"{memory_limit_mib}m", "CUDA_DEVICE_SM_LIMIT": str(percent)}
+        return GpuPlan(
+            **common,
+            env=env,
+            mounts=_vgpu_mounts(tools),
+            memory_limit_mib=memory_limit_mib,
+            sm_percent=percent,
+            preload_vgpu=True,
+        )
+    if a.sharing_policy == "equal-share":
+        if tools.mps_control is None:
+            raise PlanError(
+                {POLICY_FIELD: f"equal-share needs NVIDIA MPS ({tools.mps_control_configured} not found)"}
+            )
+        pipe = f"{tools.mps_root}/{gpu_uuid}/pipe"
+        log = f"{tools.mps_root}/{gpu_uuid}/log"
+        env |= {
+            "CUDA_MPS_PIPE_DIRECTORY": pipe,
+            "CUDA_MPS_LOG_DIRECTORY": log,
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(percent),
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"{a.device_uuid}={memory_limit_mib}M",
+        }
+        return GpuPlan(
+            **common,
+            env=env,
+            mounts=(Mount(pipe, pipe, read_only=False),),
+            memory_limit_mib=memory_limit_mib,
+            sm_percent=percent,
+            mps_pipe_directory=pipe,
+            mps_log_directory=log,
+        )
+    # best-effort: time slicing, a memory cap only; enforced where libvgpu.so is present.
+    env |= {"CUDA_DEVICE_MEMORY_LIMIT": f"{memory_limit_mib}m"}
+    enforced = tools.vgpu_lib is not None and tools.vgpu_preload_file is not None
+    return GpuPlan(
+        **common,
+        env=env,
+        mounts=_vgpu_mounts(tools) if enforced else (),
+        memory_limit_mib=memory_limit_mib,
+        preload_vgpu=enforced,
+    )
+
+
+def _vgpu_mounts(tools: HostGpuTools) -> tuple[Mount, ...]:
+    return (Mount(tools.vgpu_lib, VGPU_LIB_TARGET), Mount(tools.vgpu_preload_file, LD_SO_PRELOAD))

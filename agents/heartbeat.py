@@ -1,0 +1,129 @@
+"""Heartbeats to the portal, and convergence to the ``desired_workloads`` in each answer.
+
+``build_heartbeat`` makes the body: one pass of NVML metric calls over cached handles and the
+cached inventory, one /proc walk per workload for its process ids; nothing rediscovered.
+While the portal cannot be reached the agent backs off (doubling, capped) and touches nothing:
+every workload keeps running.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Mapping
+
+from agents import __version__
+from agents.nvml import GpuReader
+from agents.workloads import Workload, Workloads
+
+log = logging.getLogger("agents.heartbeat")
+MAX_BACKOFF_SECONDS = 60.0
+
+
+def build_heartbeat(
+    *,
+    listen_url: str,
+    runtime: str,
+    reader: GpuReader,
+    workloads: Iterable[Workload],
+    pids_by_session: Mapping[str, set[int]],
+    gpu_of_session: Mapping[str, str] | None = None,
+) -> dict:
+    metrics, per_session = reader.metrics(pids_by_session, gpu_of_session)
+    return {
+        "agent_version": __version__,
+        "listen_url": listen_url,
+        "runtime": runtime,
+        "inventory": reader.inventory(),
+        "metrics": metrics,
+        "workloads": [w.status(per_session.get(w.session_id)) for w in workloads],
+    }
+
+
+class PortalError(Exception):
+    pass
+
+
+def post_heartbeat(portal: str, token: str, body: dict, *, timeout_seconds: float = 10.0) -> dict:
+    """POST one heartbeat; the portal's answer, checked to carry a list of desired workloads."""
+    request = urllib.request.Request(  # noqa: S310 - the operator's portal URL
+        f"{portal.rstrip('/')}/api/agent/heartbeat",
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_seconds) as response:  # noqa: S310
+            answer = json.loads(response.read().decode("utf-8"))
+    except urllib.error.HTTPError as exc:
+        raise PortalError(f"portal answered {exc.code}")
+    except (OSError, ValueError) as exc:
+        raise PortalError(f"portal unreachable: {exc}")
+    if not isinstance(answer, dict) or not isinstance(answer.get("desired_workloads"), list):
+        # Never converge on an answer we do not understand: it would stop every workload.
+        raise PortalError("portal answer lacks a desired_workloads list")
+    return answer
+
+
+class Heartbeats(threading.Thread):
+    def __init__(
+        self,
+        *,
+        portal: str,
+        token: str,
+        listen_url: str,
+        runtime_name: str,
+        workloads: Workloads,
+        interval_seconds: float,
+    ) -> None:
+        super().__init__(name="heartbeats", daemon=True)
+        self.portal = portal
+        self.token = token
+        self.listen_url = listen_url
+        self.runtime_name = runtime_name
+        self.workloads = workloads
+        self.interval_seconds = interval_seconds
+        self.failures = 0
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def beat(self) -> float:
+        """One heartbeat and convergence; the delay before the next."""
+        workloads = self.workloads
+        body = build_heartbeat(
+            listen_url=self.listen_url,
+            runtime=self.runtime_name,
+            reader=workloads.reader,
+            workloads=workloads.all(),
+            pids_by_session=workloads.pids_by_session(),
+            gpu_of_session=workloads.gpu_of_session(),
+        )
+        try:
+            answer = post_heartbeat(self.portal, self.token, body)
+        except PortalError as exc:
+            self.failures += 1
+            delay = min(self.interval_seconds * 2**self.failures, MAX_BACKOFF_SECONDS)
+            log.warning("heartbeat failed (%s); next try in %.1f s, workloads left running", exc, delay)
+            return delay
+        if self.failures:
+            log.info("portal reachable again after %d failed heartbeats", self.failures)
+        self.failures = 0
+        interval = answer.get("heartbeat_interval_seconds")
+        if isinstance(interval, int | float) and not isinstance(interval, bool) and 0.2 <= interval <= 300:
+            self.interval_seconds = float(interval)
+        workloads.converge(answer["desired_workloads"])
+        return self.interval_seconds
+
+    def run(self) -> None:
+        delay = 0.0
+        while not self._stop.wait(delay):
+            try:
+                delay = self.beat()
+            except Exception:
+                log.exception("heartbeat pass failed")
+                delay = self.interval_seconds

@@ -1,0 +1,165 @@
+"""The ``docker`` runtime: one container per session, through the Docker SDK.
+
+``container_spec`` is a pure function (tested in full without an engine); ``DockerRuntime`` hands it
+to the engine. The GPU is requested by UUID, so the container sees exactly the plan's device.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from agents.gpuplan import GpuPlan
+from agents.runtimes.base import Runtime, RuntimeStartError
+from agents.runtimes.process import free_port
+from agents.spec import WorkloadSpec
+
+CONTAINER_PORT = 8888
+CONTAINER_HOME = "/home/jovyan"
+LABEL_PREFIX = "io.suanli"
+
+
+def container_name(session_id: str) -> str:
+    return f"suanli-{session_id}"
+
+
+def container_spec(
+    spec: WorkloadSpec, plan: GpuPlan, *, host_port: int, default_image: str, shm_mib: int, pids_limit: int
+) -> dict[str, Any]:
+    """Keyword arguments for ``client.containers.run`` (pure: no engine, no file system)."""
+    import docker.types
+
+    config = json.dumps({"IdentityProvider": {"token": spec.token}})
+    command = [
+        "bash",
+        "-c",
+        # The token goes through a 0600 file, not argv (visible to `docker top` and `ps`).
+        'umask 077 && printf %s "$SUANLI_JUPYTER_CONFIG" > /tmp/jupyter_server_config.json'
+        " && unset SUANLI_JUPYTER_CONFIG && exec jupyter lab --no-browser"
+        " --config=/tmp/jupyter_server_config.json"
+        f" --ServerApp.ip=0.0.0.0 --ServerApp.port={CONTAINER_PORT} --ServerApp.port_retries=0"
+        f" --ServerApp.base_url={spec.base_url} --ServerApp.root_dir={CONTAINER_HOME}",
+    ]
+    mounts = [
+        docker.types.Mount(target=CONTAINER_HOME, source=f"suanli-home-{spec.user}", type="volume"),
+        *(
+            docker.types.Mount(target=m.target, source=m.source, type="bind", read_only=m.read_only)
+            for m in plan.mounts
+        ),
+    ]
+    device_requests = []
+    if plan.device_uuid is not None:
+        device_requests.append(
+            docker.types.DeviceRequest(device_ids=[plan.device_uuid], capabilities=[["gpu"]])
+        )
+    return {
+        "image": spec.environment.image or default_image,
+        "name": container_name(spec.session_id),
+        "command": command,
+        "detach": True,
+        "environment": {**plan.env, "SUANLI_JUPYTER_CONFIG": config},
+        "labels": {
+            f"{LABEL_PREFIX}.session": spec.session_id,
+            f"{LABEL_PREFIX}.user": spec.user,
+            f"{LABEL_PREFIX}.profile": plan.profile or "cpu",
+        },
+        "ports": {f"{CONTAINER_PORT}/tcp": ("127.0.0.1", host_port)},
+        "mounts": mounts,
+        "device_requests": device_requests,
+        "mem_limit": f"{spec.limits.memory_mib}m",
+        "memswap_limit": f"{spec.limits.memory_mib}m",
+        "nano_cpus": int(spec.limits.cpu_cores * 1_000_000_000),
+        "shm_size": f"{shm_mib}m",
+        "pids_limit": pids_limit,
+        "ipc_mode": "host" if plan.mps_pipe_directory else None,  # MPS clients share the daemon's IPC
+        "working_dir": CONTAINER_HOME,
+        "restart_policy": {"Name": "no"},
+    }
+
+
+class DockerRuntime(Runtime):
+    name = "docker"
+
+    def __init__(self, options) -> None:
+        super().__init__(options)
+        self._client = None
+
+    def client(self):
+        if self._client is None:
+            import docker
+
+            try:
+                self._client = docker.from_env()
+                self._client.ping()
+            except docker.errors.DockerException as exc:
+                self._client = None
+                raise RuntimeStartError(f"the Docker engine cannot be reached: {exc}")
+        return self._client
+
+    def start(self, spec: WorkloadSpec, plan: GpuPlan) -> dict:
+        import docker
+
+        client = self.client()
+        port = free_port()
+        kwargs = container_spec(
+            spec,
+            plan,
+            host_port=port,
+            default_image=self.options.default_image,
+            shm_mib=self.options.shm_mib,
+            pids_limit=self.options.pids_limit,
+        )
+        kwargs = {k: v for k, v in kwargs.items() if v is not None}
+        try:
+            stale = client.containers.get(kwargs["name"])
+            stale.remove(force=True)
+        except docker.errors.NotFound:
+            pass
+        try:
+            container = client.containers.run(**kwargs)
+        except docker.errors.DockerException as exc:
+            raise RuntimeStartError(f"docker could not start the container: {exc}")
+        return {
+            "container_id": container.id,
+            "container_name": kwargs["name"],
+            "port": port,
+            "upstream": f"http://127.0.0.1:{port}",
+            "base_url": spec.base_url,
+        }
+
+    def _container(self, state: dict):
+        import docker
+
+        try:
+            return self.client().containers.get(state["container_id"])
+        except docker.errors.NotFound:
+            return None
+
+    def poll(self, state: dict) -> str | None:
+        container = self._container(state)
+        if container is None:
+            return "the container is gone"
+        container.reload()
+        if container.status in ("created", "running", "restarting"):
+            return None
+        code = container.attrs.get("State", {}).get("ExitCode")
+        return f"container {container.status} (exit code {code})"
+
+    def pids(self, state: dict, children: dict[int, list[int]] | None = None) -> set[int]:
+        container = self._container(state)
+        if container is None or container.status != "running":
+            return set()
+        try:
+            top = container.top(ps_args="-eo pid")
+        except Exception:  # noqa: BLE001 - metrics must not fail on a racing container
+            return set()
+        return {int(row[0]) for row in top.get("Processes") or [] if row and row[0].isdigit()}
+
+    def stop(self, state: dict) -> None:
+        container = self._container(state)
+        if container is None:
+            return
+        try:
+            container.stop(timeout=10)
+        finally:
+            container.remove(force=True)

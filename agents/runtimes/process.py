@@ -1,0 +1,223 @@
+"""The ``process`` runtime: JupyterLab as a local process, in a bubblewrap sandbox where present.
+
+Layout under the state dir: ``homes/<user>/`` (the user's persistent home, the only user-writable
+place), ``run/<session>/`` (launcher log, exit file, Jupyter's runtime files and config).
+
+Limits: containers get cgroups; a plain process gets what the host allows without privileges:
+the CPU count by affinity (``ceil(cpu_cores)`` CPUs) and memory by ``RLIMIT_DATA`` per process
+(``RLIMIT_AS`` would break Jupyter, which maps far more address space than it uses). Both are
+recorded in the state, as is the sandbox in use.
+
+HAMi's ``libvgpu.so`` is preloaded with ``LD_PRELOAD`` here: a read-only root cannot take a new file
+at ``/etc/ld.so.preload`` (bubblewrap cannot create the mount point), and every process of the
+workload inherits the variable. The docker runtime mounts the preload file instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+
+from agents.gpuplan import VGPU_LIB_TARGET, GpuPlan
+from agents.runtimes import launcher
+from agents.runtimes.base import Runtime, RuntimeStartError
+from agents.spec import WorkloadSpec
+
+STOP_WAIT_SECONDS = 12.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks (None when gone or a zombie): guards against a
+    recycled pid after an agent restart."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    if fields[0] in (b"Z", b"X"):
+        return None
+    return int(fields[19])
+
+
+def jupyter_command(python: str, *, port: int, base_url: str, root_dir: str, config_file: str) -> list[str]:
+    # The token travels in a 0600 config file, not argv: /proc/<pid>/cmdline is world-readable.
+    return [
+        python,
+        "-m",
+        "jupyterlab",
+        "--no-browser",
+        f"--config={config_file}",
+        "--ServerApp.ip=127.0.0.1",
+        f"--ServerApp.port={port}",
+        "--ServerApp.port_retries=0",
+        f"--ServerApp.base_url={base_url}",
+        f"--ServerApp.root_dir={root_dir}",
+        *(["--ServerApp.allow_root=True"] if os.geteuid() == 0 else []),
+    ]
+
+
+class ProcessRuntime(Runtime):
+    name = "process"
+
+    def __init__(self, options) -> None:
+        super().__init__(options)
+        self._children: dict[int, subprocess.Popen] = {}  # launchers this agent process started
+
+    def sandbox_in_use(self) -> str:
+        mode = self.options.sandbox
+        if mode == "none":
+            return "none"
+        found = shutil.which("bwrap")
+        if mode == "bwrap" and not found:
+            raise RuntimeStartError("--sandbox bwrap, but bwrap is not on PATH")
+        return "bwrap" if found else "none"
+
+    def start(self, spec: WorkloadSpec, plan: GpuPlan) -> dict:
+        state_dir = self.options.state_dir
+        home = state_dir / "homes" / spec.user
+        run_dir = state_dir / "run" / spec.session_id
+        home.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if run_dir.exists():
+            shutil.rmtree(run_dir)
+        (run_dir / "jupyter").mkdir(parents=True, mode=0o700)
+        config_file = run_dir / "jupyter_server_config.json"
+        fd = os.open(config_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as config:
+            json.dump({"IdentityProvider": {"token": spec.token}}, config)
+        python = spec.environment.python or sys.executable
+        if not os.access(python, os.X_OK):
+            raise RuntimeStartError(f"environment.python {python} is not an executable")
+        port = free_port()
+        command = jupyter_command(
+            python, port=port, base_url=spec.base_url, root_dir=str(home), config_file=str(config_file)
+        )
+        env = {
+            "PATH": f"{Path(python).parent}:/usr/local/bin:/usr/bin:/bin",
+            "HOME": str(home),
+            "USER": spec.user,
+            "LANG": "C.UTF-8",
+            "PYTHONUNBUFFERED": "1",
+            "JUPYTER_RUNTIME_DIR": str(run_dir / "jupyter"),
+            **plan.env,
+        }
+        sources = {m.target: m.source for m in plan.mounts}
+        if plan.preload_vgpu:
+            env["LD_PRELOAD"] = sources[VGPU_LIB_TARGET]
+        sandbox = self.sandbox_in_use()
+        if sandbox == "bwrap":
+            wrap = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+            wrap += ["--bind", str(home), str(home), "--bind", str(run_dir), str(run_dir)]
+            if plan.mps_pipe_directory:
+                wrap += ["--bind", plan.mps_pipe_directory, plan.mps_pipe_directory]
+            wrap += [
+                "--unshare-pid",
+                "--die-with-parent",
+                "--setenv",
+                "HOME",
+                str(home),
+                "--chdir",
+                str(home),
+            ]
+            command = [*wrap, "--", *command]
+        limits = self._limits(spec)
+        exit_file = run_dir / "exit.json"
+        log_file = run_dir / "workload.log"
+        launch = [sys.executable, "-I", launcher.__file__, "--exit-file", str(exit_file)]
+        if limits["cpus"]:
+            launch += ["--cpus", ",".join(map(str, limits["cpus"]))]
+        launch += ["--rlimit-data-bytes", str(limits["rlimit_data_bytes"]), "--", *command]
+        with open(log_file, "ab") as log:
+            child = subprocess.Popen(  # noqa: S603
+                launch,
+                env=env,
+                cwd=home,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own session: an agent restart leaves it running
+            )
+        self._children[child.pid] = child
+        return {
+            "pid": child.pid,
+            "pid_start_ticks": process_start_ticks(child.pid),
+            "port": port,
+            "upstream": f"http://127.0.0.1:{port}",
+            "base_url": spec.base_url,
+            "home": str(home),
+            "run_dir": str(run_dir),
+            "exit_file": str(exit_file),
+            "log_file": str(log_file),
+            "sandbox": sandbox,
+            "limits": limits,
+        }
+
+    def _limits(self, spec: WorkloadSpec) -> dict:
+        available = sorted(os.sched_getaffinity(0))
+        wanted = max(1, math.ceil(spec.limits.cpu_cores))
+        cpus: list[int] = []
+        if wanted < len(available):  # spread sessions over the host's CPUs, stably by session id
+            first = zlib.crc32(spec.session_id.encode()) % len(available)
+            cpus = [available[(first + i) % len(available)] for i in range(wanted)]
+        return {
+            "cpus": cpus,
+            "cpu_note": f"pinned to {wanted} of {len(available)} CPUs" if cpus else "all CPUs (no cgroup)",
+            "rlimit_data_bytes": spec.limits.memory_mib * 1024 * 1024,
+            "memory_note": "RLIMIT_DATA per process (no cgroup)",
+        }
+
+    def _alive(self, state: dict) -> bool:
+        pid = state["pid"]
+        child = self._children.get(pid)
+        if child is not None and child.poll() is not None:  # reap our own child
+            self._children.pop(pid, None)
+            return False
+        ticks = process_start_ticks(pid)
+        return ticks is not None and ticks == state.get("pid_start_ticks")
+
+    def poll(self, state: dict) -> str | None:
+        if self._alive(state):
+            return None
+        try:
+            record = json.loads(Path(state["exit_file"]).read_text())
+        except (OSError, ValueError):
+            return "the workload's supervisor vanished (host reboot or killed with SIGKILL)"
+        if record.get("stopped"):
+            return "stopped"
+        return f"jupyter exited with code {record.get('exit_code')}"
+
+    def pids(self, state: dict, children: dict[int, list[int]] | None = None) -> set[int]:
+        if not self._alive(state):
+            return set()
+        return {state["pid"], *launcher.descendants(state["pid"], children)}
+
+    def stop(self, state: dict) -> None:
+        if not self._alive(state):
+            return
+        pid = state["pid"]
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_WAIT_SECONDS
+        while time.monotonic() < deadline:
+            if not self._alive(state):
+                return
+            time.sleep(0.05)
+        for leftover in [*launcher.descendants(pid), pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(leftover, signal.SIGKILL)
+        while self._alive(state) and time.monotonic() < deadline + 5:
+            time.sleep(0.05)

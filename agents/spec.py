@@ -1,0 +1,166 @@
+"""The workload spec of docs/AGENT_PROTOCOL.md, validated strictly.
+
+A malformed body raises SpecError naming every field at fault; unknown keys are refused too, so a
+typo on the portal side is caught rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from agents.gpuplan import Allocation
+
+SESSION_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
+TOKEN_RE = re.compile(r"^[\x21-\x7e]{8,256}$")
+BASE_URL_RE = re.compile(r"^/(?:[A-Za-z0-9_.~-]+/)*$")
+
+
+class SpecError(ValueError):
+    def __init__(self, fields: Mapping[str, str]) -> None:
+        self.fields = dict(fields)
+        super().__init__("; ".join(f"{path}: {why}" for path, why in self.fields.items()))
+
+
+@dataclass(frozen=True)
+class Environment:
+    name: str
+    python: str | None = None
+    image: str | None = None
+
+
+@dataclass(frozen=True)
+class Limits:
+    cpu_cores: float
+    memory_mib: int
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    session_id: str
+    user: str
+    token: str
+    base_url: str
+    environment: Environment
+    allocation: Allocation | None
+    limits: Limits
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    def fingerprint(self) -> str:
+        """A digest of the whole spec, token included, to tell 'the same spec' from 'a different one'
+        without storing the token itself."""
+        return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()
+
+    def token_sha256(self) -> str:
+        return hashlib.sha256(self.token.encode()).hexdigest()
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _check_keys(obj: Mapping, prefix: str, allowed: tuple[str, ...], errors: dict[str, str]) -> None:
+    for key in obj:
+        if key not in allowed:
+            errors[f"{prefix}{key}"] = "unknown field"
+    for key in allowed:
+        if key not in obj:
+            errors[f"{prefix}{key}"] = "required"
+
+
+def parse_spec(body: Any, *, session_id: str | None = None) -> WorkloadSpec:
+    """Validate a decoded JSON body; ``session_id`` is the one in the URL, which must match."""
+    errors: dict[str, str] = {}
+    if not isinstance(body, dict):
+        raise SpecError({"": "the body must be a JSON object"})
+    _check_keys(
+        body, "", ("session_id", "user", "token", "base_url", "environment", "allocation", "limits"), errors
+    )
+
+    sid = body.get("session_id")
+    if "session_id" in body and (not isinstance(sid, str) or not SESSION_ID_RE.match(sid)):
+        errors["session_id"] = "must match [A-Za-z0-9_-]{1,64}"
+    elif session_id is not None and sid is not None and sid != session_id:
+        errors["session_id"] = "differs from the session id in the URL"
+    user = body.get("user")
+    if "user" in body and (not isinstance(user, str) or not USER_RE.match(user)):
+        errors["user"] = "must match [A-Za-z0-9_][A-Za-z0-9_.-]{0,63}"
+    token = body.get("token")
+    if "token" in body and (not isinstance(token, str) or not TOKEN_RE.match(token)):
+        errors["token"] = "must be 8 to 256 printable characters without spaces"
+    base_url = body.get("base_url")
+    if "base_url" in body and (not isinstance(base_url, str) or not BASE_URL_RE.match(base_url)):
+        errors["base_url"] = "must be a path that starts and ends with /"
+
+    environment = None
+    env = body.get("environment")
+    if "environment" in body:
+        if not isinstance(env, dict):
+            errors["environment"] = "must be an object"
+        else:
+            _check_keys(env, "environment.", ("name", "python", "image"), errors)
+            if "name" in env and (not isinstance(env["name"], str) or not env["name"]):
+                errors["environment.name"] = "must be a non-empty string"
+            for key in ("python", "image"):
+                if env.get(key) is not None and (not isinstance(env[key], str) or not env[key]):
+                    errors[f"environment.{key}"] = "must be a non-empty string or null"
+            if (
+                env.get("python") is not None
+                and isinstance(env["python"], str)
+                and not env["python"].startswith("/")
+            ):
+                errors["environment.python"] = "must be an absolute path or null"
+            if not any(k.startswith("environment.") for k in errors):
+                environment = Environment(env["name"], env["python"], env["image"])
+
+    allocation = None
+    alloc = body.get("allocation")
+    if alloc is not None:
+        if not isinstance(alloc, dict):
+            errors["allocation"] = "must be an object or null"
+        else:
+            _check_keys(
+                alloc,
+                "allocation.",
+                ("device_uuid", "profile", "slot_start", "slot_count", "sharing_policy"),
+                errors,
+            )
+            for key in ("device_uuid", "profile", "sharing_policy"):
+                if key in alloc and (not isinstance(alloc[key], str) or not alloc[key]):
+                    errors[f"allocation.{key}"] = "must be a non-empty string"
+            for key in ("slot_start", "slot_count"):
+                if key in alloc and not _is_int(alloc[key]):
+                    errors[f"allocation.{key}"] = "must be an integer"
+            if not any(k.startswith("allocation.") for k in errors):
+                allocation = Allocation(**{k: alloc[k] for k in Allocation.__dataclass_fields__})
+
+    limits = None
+    lim = body.get("limits")
+    if "limits" in body:
+        if not isinstance(lim, dict):
+            errors["limits"] = "must be an object"
+        else:
+            _check_keys(lim, "limits.", ("cpu_cores", "memory_mib"), errors)
+            if "cpu_cores" in lim and (not _is_number(lim["cpu_cores"]) or not 0 < lim["cpu_cores"] <= 1024):
+                errors["limits.cpu_cores"] = "must be a number in (0, 1024]"
+            if "memory_mib" in lim and (
+                not _is_int(lim["memory_mib"]) or not 256 <= lim["memory_mib"] <= 1 << 24
+            ):
+                errors["limits.memory_mib"] = "must be an integer of at least 256"
+            if not any(k.startswith("limits.") for k in errors):
+                limits = Limits(float(lim["cpu_cores"]), lim["memory_mib"])
+
+    if errors:
+        raise SpecError(errors)
+    return WorkloadSpec(sid, user, token, base_url, environment, allocation, limits)

@@ -1,0 +1,346 @@
+"""The agent's workloads: create, delete, watch, adopt after a restart, converge to the portal.
+
+One lock guards the table, so the check that a GPU serves one policy and the insert of a new
+workload are one step. Each workload's record is persisted as JSON under
+``<state-dir>/workloads/<session>.json`` (written atomically): the spec without its token (only its
+SHA-256), the GPU plan, the runtime's state, and the workload's state.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from agents.gpuplan import GpuPlan, HostGpuTools, PlanError, cpu_plan, gpu_plan
+from agents.mps import MpsDaemons, MpsError
+from agents.nvml import GpuReader
+from agents.runtimes import Runtime, RuntimeStartError
+from agents.runtimes.launcher import children_by_parent
+from agents.spec import SESSION_ID_RE, SpecError, WorkloadSpec, parse_spec
+
+log = logging.getLogger("agents.workloads")
+START_TIMEOUT_SECONDS = 120.0
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+class WorkloadConflict(Exception):
+    """A different spec is already there for this session id."""
+
+
+class WorkloadStartFailed(Exception):
+    pass
+
+
+@dataclass
+class Workload:
+    session_id: str
+    spec: dict  # the spec without its token
+    fingerprint: str
+    token_sha256: str
+    plan: GpuPlan
+    runtime_state: dict | None
+    state: str  # starting | running | exited | failed
+    exit_reason: str | None = None
+    started_at: str | None = None
+    last_alive_at: str | None = None
+    token: str | None = field(default=None, repr=False)  # memory only
+    start_deadline: float = 0.0  # monotonic, while starting
+
+    def record(self) -> dict:
+        return {
+            "session_id": self.session_id,
+            "spec": self.spec,
+            "fingerprint": self.fingerprint,
+            "token_sha256": self.token_sha256,
+            "plan": self.plan.to_json(),
+            "runtime_state": self.runtime_state,
+            "state": self.state,
+            "exit_reason": self.exit_reason,
+            "started_at": self.started_at,
+            "last_alive_at": self.last_alive_at,
+        }
+
+    def status(self, figures: dict | None = None) -> dict:
+        figures = figures or {}
+        return {
+            "session_id": self.session_id,
+            "state": self.state,
+            "upstream": (self.runtime_state or {}).get("upstream"),
+            "exit_reason": self.exit_reason,
+            "started_at": self.started_at,
+            "last_alive_at": self.last_alive_at,
+            "gpu_plan": self.plan.wire,
+            "gpu_util_percent": figures.get("gpu_util_percent"),
+            "gpu_memory_used_mib": figures.get("gpu_memory_used_mib"),
+        }
+
+    @property
+    def live(self) -> bool:
+        return self.state in ("starting", "running")
+
+
+class Workloads:
+    def __init__(
+        self,
+        *,
+        runtime: Runtime,
+        reader: GpuReader,
+        tools: HostGpuTools,
+        state_dir: Path,
+        start_timeout_seconds: float = START_TIMEOUT_SECONDS,
+    ) -> None:
+        self.runtime = runtime
+        self.reader = reader
+        self.tools = tools
+        self.state_dir = state_dir
+        self.records_dir = state_dir / "workloads"
+        self.records_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.mps = MpsDaemons(tools.mps_control)
+        self.start_timeout_seconds = start_timeout_seconds
+        self._lock = threading.RLock()
+        self._table: dict[str, Workload] = {}
+
+    # -- persistence --------------------------------------------------------------------------
+    def _save(self, workload: Workload) -> None:
+        path = self.records_dir / f"{workload.session_id}.json"
+        tmp = path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            json.dump(workload.record(), out)
+        os.replace(tmp, path)
+
+    def _forget(self, session_id: str) -> None:
+        (self.records_dir / f"{session_id}.json").unlink(missing_ok=True)
+
+    def adopt(self) -> list[str]:
+        """Load the records a previous agent left; workloads still alive are adopted, those that
+        ended meanwhile are marked exited (or failed if they never answered). Returns the ids."""
+        adopted = []
+        with self._lock:
+            for path in sorted(self.records_dir.glob("*.json")):
+                try:
+                    record = json.loads(path.read_text())
+                    workload = Workload(
+                        session_id=record["session_id"],
+                        spec=record["spec"],
+                        fingerprint=record["fingerprint"],
+                        token_sha256=record["token_sha256"],
+                        plan=GpuPlan.from_json(record["plan"]),
+                        runtime_state=record["runtime_state"],
+                        state=record["state"],
+                        exit_reason=record.get("exit_reason"),
+                        started_at=record.get("started_at"),
+                        last_alive_at=record.get("last_alive_at"),
+                    )
+                except (OSError, ValueError, KeyError, TypeError) as exc:
+                    log.warning("ignoring unreadable workload record %s: %s", path, exc)
+                    continue
+                if workload.live:
+                    reason = (
+                        self.runtime.poll(workload.runtime_state)
+                        if workload.runtime_state
+                        else "never started"
+                    )
+                    if reason is None:
+                        workload.start_deadline = time.monotonic() + self.start_timeout_seconds
+                        self.mps.adopt(workload.session_id, workload.plan)
+                    else:
+                        workload.exit_reason = f"ended while the agent was down: {reason}"
+                        workload.state = "exited" if workload.state == "running" else "failed"
+                        self._save(workload)
+                self._table[workload.session_id] = workload
+                adopted.append(workload.session_id)
+        return adopted
+
+    # -- commands -----------------------------------------------------------------------------
+    def _running_shares(self) -> list:
+        return [share for w in self._table.values() if w.live and (share := w.plan.share(w.session_id))]
+
+    def put(self, spec: WorkloadSpec) -> tuple[bool, Workload]:
+        """Create the workload (True) or find the same one (False). Raises WorkloadConflict for a
+        different spec under the same id, PlanError for an allocation this host cannot serve,
+        WorkloadStartFailed when the runtime could not start it (recorded as failed)."""
+        fingerprint = spec.fingerprint()
+        with self._lock:
+            existing = self._table.get(spec.session_id)
+            if existing is not None and existing.fingerprint == "":
+                del self._table[spec.session_id]  # a refusal recorded by converge: try again
+                existing = None
+            if existing is not None:
+                if existing.fingerprint != fingerprint:
+                    raise WorkloadConflict(spec.session_id)
+                existing.token = spec.token
+                return False, existing
+            if spec.allocation is None:
+                plan = cpu_plan()
+            else:
+                plan = gpu_plan(
+                    spec.allocation,
+                    self.reader.inventory(),
+                    running=self._running_shares(),
+                    tools=self.tools,
+                    session_id=spec.session_id,
+                )
+            spec_record = spec.to_json()
+            spec_record.pop("token")
+            workload = Workload(
+                session_id=spec.session_id,
+                spec=spec_record,
+                fingerprint=fingerprint,
+                token_sha256=spec.token_sha256(),
+                plan=plan,
+                runtime_state=None,
+                state="starting",
+                started_at=now_iso(),
+                token=spec.token,
+                start_deadline=time.monotonic() + self.start_timeout_seconds,
+            )
+            try:
+                self.mps.acquire(spec.session_id, plan)
+                try:
+                    workload.runtime_state = self.runtime.start(spec, plan)
+                except BaseException:
+                    self.mps.release(spec.session_id, plan)
+                    raise
+            except (RuntimeStartError, MpsError, OSError) as exc:
+                workload.state = "failed"
+                workload.exit_reason = f"could not start: {exc}"
+                self._table[spec.session_id] = workload
+                self._save(workload)
+                raise WorkloadStartFailed(workload.exit_reason)
+            self._table[spec.session_id] = workload
+            self._save(workload)
+            return True, workload
+
+    def delete(self, session_id: str) -> bool:
+        """Stop the workload and everything it started, and forget it. Idempotent."""
+        with self._lock:
+            workload = self._table.get(session_id)
+            if workload is None:
+                return False
+            if workload.runtime_state is not None:
+                self.runtime.stop(workload.runtime_state)
+                if workload.live:
+                    self.mps.release(session_id, workload.plan)
+                run_dir = workload.runtime_state.get("run_dir")
+                if run_dir:
+                    shutil.rmtree(run_dir, ignore_errors=True)
+            del self._table[session_id]
+            self._forget(session_id)
+            return True
+
+    def get(self, session_id: str) -> Workload | None:
+        with self._lock:
+            return self._table.get(session_id)
+
+    def all(self) -> list[Workload]:
+        with self._lock:
+            return list(self._table.values())
+
+    # -- watching -----------------------------------------------------------------------------
+    def refresh(self) -> None:
+        """One pass over live workloads: note which answer, which ended, which never started."""
+        for workload in self.all():
+            if not workload.live or workload.runtime_state is None:
+                continue
+            reason = self.runtime.poll(workload.runtime_state)
+            ready = (
+                reason is None
+                and workload.state == "starting"
+                and self.runtime.ready(workload.runtime_state, workload.token)
+            )
+            with self._lock:
+                if self._table.get(workload.session_id) is not workload or not workload.live:
+                    continue  # deleted or changed meanwhile
+                before = (workload.state, workload.exit_reason)
+                if reason is not None:
+                    workload.state = "exited" if workload.state == "running" else "failed"
+                    workload.exit_reason = reason
+                    self.mps.release(workload.session_id, workload.plan)
+                else:
+                    workload.last_alive_at = now_iso()
+                    if ready:
+                        workload.state = "running"
+                    elif workload.state == "starting" and time.monotonic() > workload.start_deadline:
+                        self.runtime.stop(workload.runtime_state)
+                        self.mps.release(workload.session_id, workload.plan)
+                        workload.state = "failed"
+                        workload.exit_reason = (
+                            f"Jupyter did not answer within {self.start_timeout_seconds:.0f} s"
+                        )
+                if (workload.state, workload.exit_reason) != before:
+                    self._save(workload)
+
+    def pids_by_session(self) -> dict[str, set[int]]:
+        gpu_workloads = [
+            w for w in self.all() if w.live and w.runtime_state is not None and w.plan.device_uuid is not None
+        ]
+        if not gpu_workloads:
+            return {}
+        children = children_by_parent()
+        return {w.session_id: self.runtime.pids(w.runtime_state, children) for w in gpu_workloads}
+
+    def gpu_of_session(self) -> dict[str, str]:
+        return {w.session_id: w.plan.gpu_uuid for w in self.all() if w.plan.gpu_uuid is not None}
+
+    def statuses(self, per_session: dict[str, dict] | None = None) -> list[dict]:
+        per_session = per_session or {}
+        return [w.status(per_session.get(w.session_id)) for w in self.all()]
+
+    # -- convergence --------------------------------------------------------------------------
+    def converge(self, desired: list[Any]) -> None:
+        """Start what the portal wants and is missing, stop what it no longer lists (orphans),
+        leave the rest. A desired spec that cannot be served is recorded as failed, not retried."""
+        wanted: dict[str, WorkloadSpec | None] = {}
+        for raw in desired:
+            session_id = raw.get("session_id") if isinstance(raw, dict) else None
+            if not isinstance(session_id, str) or not SESSION_ID_RE.match(session_id):
+                log.warning("ignoring a desired workload without a valid session_id")
+                continue
+            try:
+                wanted[session_id] = parse_spec(raw)
+            except SpecError as exc:
+                wanted[session_id] = None
+                self._record_refusal(session_id, f"invalid spec: {exc}")
+        for workload in self.all():
+            if workload.session_id not in wanted:
+                log.info("stopping orphan workload %s", workload.session_id)
+                self.delete(workload.session_id)
+        for session_id, spec in wanted.items():
+            if spec is None:
+                continue
+            try:
+                self.put(spec)
+            except WorkloadConflict:
+                log.warning("workload %s differs from the portal's spec; left as it is", session_id)
+            except PlanError as exc:
+                self._record_refusal(session_id, f"refused: {exc}")
+            except WorkloadStartFailed:
+                pass  # recorded as failed by put
+
+    def _record_refusal(self, session_id: str, reason: str) -> None:
+        with self._lock:
+            if session_id in self._table:
+                return
+            self._table[session_id] = Workload(
+                session_id=session_id,
+                spec={},
+                fingerprint="",
+                token_sha256="",
+                plan=cpu_plan(),
+                runtime_state=None,
+                state="failed",
+                exit_reason=reason,
+                started_at=now_iso(),
+            )

@@ -1,0 +1,144 @@
+"""The agent as a real subprocess running real JupyterLab workloads (process runtime)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+
+import pytest
+
+from tests.agents.conftest import alive, process_tree, run_in_kernel, wait_for, workload_spec
+
+pytestmark = pytest.mark.slow
+
+PRINT_GPU_ENV = (
+    "import os, json; print(json.dumps({k: os.environ.get(k) for k in "
+    "('CUDA_VISIBLE_DEVICES', 'NVIDIA_VISIBLE_DEVICES', 'CUDA_DEVICE_MEMORY_LIMIT', 'CUDA_DEVICE_SM_LIMIT', "
+    "'LD_PRELOAD', 'HOME')} | {'pid': os.getpid(), 'cwd': os.getcwd()}))"
+)
+
+
+def _kernel_env(agent, spec: dict) -> dict:
+    status = agent.workload(spec["session_id"])
+    out = run_in_kernel(status["upstream"], spec["base_url"], spec["token"], PRINT_GPU_ENV)
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")
+def test_fixed_share_in_bwrap_survives_agent_restart_and_delete_leaves_nothing(start_agent, tmp_path):
+    vgpu_lib = tmp_path / "libvgpu.so"
+    vgpu_lib.write_bytes(b"")  # a stand-in file: the agent only checks that HAMi-core is installed
+    state = tmp_path / "state"
+    agent = start_agent(state, "--sandbox", "bwrap", "--vgpu-lib", str(vgpu_lib))
+    gpu = agent.inventory()["gpus"][0]
+    spec = workload_spec(
+        "fixed-1",
+        {
+            "device_uuid": gpu["uuid"],
+            "profile": "1/4",
+            "slot_start": 4,
+            "slot_count": 2,
+            "sharing_policy": "fixed-share",
+        },
+    )
+    created = agent.put_workload(spec)
+    assert created.status_code == 201, created.text
+    assert agent.put_workload(spec).status_code == 200  # idempotent
+    running = agent.wait_state("fixed-1", ("running",))
+    assert running["gpu_plan"]["memory_limit_mib"] == 20480 and running["gpu_plan"]["sm_percent"] == 25
+
+    env = _kernel_env(agent, spec)
+    assert env["CUDA_VISIBLE_DEVICES"] == gpu["uuid"] == env["NVIDIA_VISIBLE_DEVICES"]
+    assert env["CUDA_DEVICE_MEMORY_LIMIT"] == "20480m" and env["CUDA_DEVICE_SM_LIMIT"] == "25"
+    assert env["LD_PRELOAD"] == str(vgpu_lib)
+    assert env["HOME"] == str(state / "homes" / "alice") == env["cwd"]
+    assert env["pid"] < 50  # its own PID namespace
+
+    # The fake NVML sees the workload's processes on its GPU (by their CUDA_VISIBLE_DEVICES).
+    listed = wait_for(
+        lambda: [w for w in agent.get("/v1/workloads").json()["workloads"] if w["gpu_memory_used_mib"]],
+        10,
+        what="per-workload GPU memory",
+    )
+    assert listed[0]["session_id"] == "fixed-1" and listed[0]["gpu_util_percent"] is not None
+
+    # SIGTERM the agent: the workload keeps running; a new agent adopts it.
+    launcher_pid = json.loads((state / "workloads" / "fixed-1.json").read_text())["runtime_state"]["pid"]
+    agent.terminate()
+    assert agent.proc.returncode == 0
+    assert alive(launcher_pid)
+    again = start_agent(state, "--sandbox", "bwrap", "--vgpu-lib", str(vgpu_lib))
+    adopted = again.wait_state("fixed-1", ("running",), timeout=20)
+    assert adopted["upstream"] == running["upstream"]
+    assert _kernel_env(again, spec)["CUDA_VISIBLE_DEVICES"] == gpu["uuid"]
+    assert [w["state"] for w in again.get("/v1/workloads").json()["workloads"]] == ["running"]
+
+    tree = process_tree(launcher_pid)
+    assert len(tree) >= 4  # launcher, bwrap ×2, jupyter, kernel
+    assert again.client.delete("/v1/workloads/fixed-1").json() == {"deleted": True}
+    assert again.client.delete("/v1/workloads/fixed-1").json() == {"deleted": False}
+    wait_for(lambda: not any(alive(pid) for pid in tree), 10, what="every workload process to end")
+    assert again.get("/v1/workloads/fixed-1").status_code == 404
+    assert (state / "homes" / "alice").is_dir()  # the home outlives the session
+
+
+def test_best_effort_without_sandbox_and_a_workload_killed_while_the_agent_was_down(start_agent, tmp_path):
+    state = tmp_path / "state"
+    agent = start_agent(state, "--sandbox", "none", "--vgpu-lib", str(tmp_path / "absent.so"))
+    gpu = agent.inventory()["gpus"][0]
+    spec = workload_spec(
+        "effort-1",
+        {
+            "device_uuid": gpu["uuid"],
+            "profile": "1/8",
+            "slot_start": 7,
+            "slot_count": 1,
+            "sharing_policy": "best-effort",
+        },
+        user="bob",
+    )
+    assert agent.put_workload(spec).status_code == 201
+    status = agent.wait_state("effort-1", ("running",))
+    assert status["gpu_plan"]["memory_limit_mib"] == 10240 and status["gpu_plan"]["preload_vgpu"] is False
+    env = _kernel_env(agent, spec)
+    assert env["CUDA_VISIBLE_DEVICES"] == gpu["uuid"]
+    assert env["CUDA_DEVICE_MEMORY_LIMIT"] == "10240m" and env["CUDA_DEVICE_SM_LIMIT"] is None
+    assert env["pid"] > 50 and env["LD_PRELOAD"] is None
+
+    launcher_pid = json.loads((state / "workloads" / "effort-1.json").read_text())["runtime_state"]["pid"]
+    tree = process_tree(launcher_pid)
+    agent.terminate()
+    for pid in tree:  # the workload dies while no agent watches
+        os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not any(alive(pid) for pid in tree), 10, what="the workload to die")
+    again = start_agent(state, "--sandbox", "none")
+    status = again.workload("effort-1")
+    assert status["state"] == "exited"
+    assert "while the agent was down" in status["exit_reason"]
+    assert again.client.delete("/v1/workloads/effort-1").json() == {"deleted": True}
+
+
+def test_mig_device_passthrough_and_cpu_session(start_agent, tmp_path):
+    agent = start_agent(tmp_path / "state", "--sandbox", "none")
+    mig = next(m for m in agent.inventory()["gpus"][1]["mig_devices"] if m["profile"] == "1g.10gb")
+    spec = workload_spec(
+        "mig-1",
+        {
+            "device_uuid": mig["uuid"],
+            "profile": "1g.10gb",
+            "slot_start": 0,
+            "slot_count": 8,
+            "sharing_policy": "exclusive",
+        },
+    )
+    cpu = workload_spec("cpu-1", None, user="carol")
+    assert agent.put_workload(spec).status_code == 201
+    assert agent.put_workload(cpu).status_code == 201
+    agent.wait_state("mig-1", ("running",))
+    agent.wait_state("cpu-1", ("running",))
+    assert _kernel_env(agent, spec)["CUDA_VISIBLE_DEVICES"] == mig["uuid"]
+    assert _kernel_env(agent, cpu)["CUDA_VISIBLE_DEVICES"] == ""
+    for sid in ("mig-1", "cpu-1"):
+        assert agent.client.delete(f"/v1/workloads/{sid}").json() == {"deleted": True}

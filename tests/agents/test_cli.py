@@ -1,0 +1,73 @@
+"""Bad options end the agent with one clear line on stderr and exit code 2."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from tests.agents.conftest import CI_FLEET, REPO, free_port
+
+pytestmark = pytest.mark.slow
+
+
+def _run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "agents", *args], cwd=REPO, capture_output=True, text=True, timeout=30, env=env
+    )
+
+
+def _one_line_error(result: subprocess.CompletedProcess, *needles: str) -> None:
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def test_bad_options(tmp_path, token_file):
+    base = ["--token-file", str(token_file), "--state-dir", str(tmp_path / "s"), "--fleet", str(CI_FLEET)]
+    _one_line_error(_run("--bogus"), "unrecognized arguments")
+    _one_line_error(_run("--state-dir", str(tmp_path)), "--token-file")
+    _one_line_error(_run(*base, "--listen", "nowhere"), "--listen")
+    _one_line_error(_run(*base, "--runtime", "kubernetes"), "--runtime")
+    _one_line_error(_run(*base, "--portal", "ftp://x"), "--portal")
+    _one_line_error(_run("--token-file", str(tmp_path / "missing"), "--state-dir", str(tmp_path)), "missing")
+    _one_line_error(_run(*base, "--heartbeat-seconds", "soon"), "heartbeat")
+
+
+def test_without_fleet_and_without_a_gpu_driver_says_so(tmp_path, token_file):
+    result = _run("--token-file", str(token_file), "--state-dir", str(tmp_path / "s"))
+    if result.returncode == 2:
+        _one_line_error(result, "NVML", "--fleet")
+
+
+def test_bad_fleet_file_names_the_line(tmp_path, token_file):
+    fleet = tmp_path / "bad.yaml"
+    fleet.write_text("node: n1\ngpus:\n  - model: A100-SXM4-80GB\n    memory_mib: 81920\n    colour: red\n")
+    result = _run("--token-file", str(token_file), "--state-dir", str(tmp_path / "s"), "--fleet", str(fleet))
+    _one_line_error(result, f"{fleet}:5", "colour")
+
+
+def test_options_from_the_environment(tmp_path, token_file):
+    import os
+
+    env = {**os.environ, "AGENT_TOKEN_FILE": str(token_file), "AGENT_STATE_DIR": str(tmp_path / "s"),
+           "AGENT_FLEET": str(CI_FLEET), "AGENT_LISTEN": "127.0.0.1:notaport"}  # fmt: skip
+    _one_line_error(_run(env=env), "--listen", "notaport")
+
+
+def test_listen_port_in_use(tmp_path, token_file):
+    port = free_port()
+    with socket.socket() as busy:
+        busy.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        busy.bind(("127.0.0.1", port))
+        busy.listen()
+        result = _run(
+            "--listen", f"127.0.0.1:{port}", "--token-file", str(token_file),
+            "--state-dir", str(tmp_path / "s"), "--fleet", str(CI_FLEET),
+        )  # fmt: skip
+    _one_line_error(result, "address already in use", str(port))

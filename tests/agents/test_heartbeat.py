@@ -1,0 +1,121 @@
+"""Heartbeats to a stand-in portal (a real stdlib HTTP server written here): convergence, back-off."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from tests.agents.conftest import NODE_TOKEN, free_port, wait_for, workload_spec
+
+pytestmark = pytest.mark.slow
+
+
+class StandInPortal:
+    """Answers POST /api/agent/heartbeat with whatever desired set the test holds."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.desired: list[dict] = []
+        self.beats: list[dict] = []
+        self.auth: list[str | None] = []
+        portal = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                portal.auth.append(self.headers.get("Authorization"))
+                if (
+                    self.path != "/api/agent/heartbeat"
+                    or self.headers.get("Authorization") != f"Bearer {NODE_TOKEN}"
+                ):
+                    self.send_response(401)
+                    self.end_headers()
+                    return
+                portal.beats.append(body)
+                data = json.dumps(
+                    {"desired_workloads": portal.desired, "heartbeat_interval_seconds": 0.5}
+                ).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def beats_after(self, count: int, more: int = 2, timeout: float = 20) -> dict:
+        wait_for(lambda: len(self.beats) >= count + more, timeout, what=f"{more} more heartbeats")
+        return self.beats[-1]
+
+
+def test_agent_converges_to_the_portal_and_keeps_workloads_while_it_is_down(start_agent, tmp_path):
+    port = free_port()
+    portal = StandInPortal(port)
+    try:
+        agent = start_agent(
+            tmp_path / "state",
+            "--sandbox",
+            "none",
+            "--portal",
+            f"http://127.0.0.1:{port}",
+            "--heartbeat-seconds",
+            "0.5",
+        )
+        beat = portal.beats_after(0, 1)
+        assert beat["runtime"] == "process" and beat["listen_url"] == agent.url
+        assert len(beat["inventory"]["gpus"]) == 2 and len(beat["metrics"]["gpus"]) == 2
+        uuid = beat["inventory"]["gpus"][0]["uuid"]
+
+        wanted = workload_spec(
+            "wanted-1",
+            {
+                "device_uuid": uuid,
+                "profile": "1/2",
+                "slot_start": 0,
+                "slot_count": 4,
+                "sharing_policy": "best-effort",
+            },
+        )
+        unservable = workload_spec("unservable-1", {**wanted["allocation"], "device_uuid": "GPU-nope"})
+        orphan = workload_spec("orphan-1", None)
+        assert agent.put_workload(orphan).status_code == 201  # the portal does not list it
+        portal.desired = [wanted, unservable]
+        agent.wait_state("wanted-1", ("running",))
+        wait_for(
+            lambda: agent.get("/v1/workloads/orphan-1").status_code == 404, 10, what="the orphan to stop"
+        )
+        refused = agent.workload("unservable-1")
+        assert refused["state"] == "failed" and "device_uuid" in refused["exit_reason"]
+        beat = portal.beats_after(len(portal.beats))
+        assert {w["session_id"]: w["state"] for w in beat["workloads"]} == {
+            "wanted-1": "running",
+            "unservable-1": "failed",
+        }
+
+        # The portal goes away: the agent backs off and leaves the workload running.
+        portal.close()
+        time.sleep(3)
+        assert agent.workload("wanted-1")["state"] == "running"
+        assert "heartbeat failed" in agent.log()
+
+        # It comes back and no longer wants the workload: stopped, and not started again.
+        portal = StandInPortal(port)
+        portal.desired = []
+        wait_for(lambda: agent.get("/v1/workloads/wanted-1").status_code == 404, 40, what="wanted-1 to stop")
+        portal.beats_after(len(portal.beats), 3)
+        assert agent.get("/v1/workloads").json() == {"workloads": []}
+        assert all(b["workloads"] == [] for b in portal.beats[-2:])
+    finally:
+        portal.close()
