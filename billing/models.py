@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import models
+from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
 
@@ -43,3 +44,371 @@ class AuditEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.action} on {self.target_type}:{self.target_id} by {self.actor_id}"
+
+
+# --- the ledger ---------------------------------------------------------------------------------------
+
+CARD_UNIT = "CARD_H"  # micro card-hours of the reference GPU
+
+
+class LedgerAccount(models.Model):
+    """One balance in one unit. Changed only by transfers; ``balance_micros`` caches the sum of its entries.
+
+    Wallets and cards never go below zero (the database refuses it); an account's overdraft never goes
+    above zero: it is what the account owes, recovered from its next top-up.
+    """
+
+    class Kind(models.TextChoices):
+        WALLET = "wallet", _("Wallet")
+        CARD = "card", _("Compute card")
+        OVERDRAFT = "overdraft", _("Overdraft")
+        REVENUE = "revenue", _("Revenue")
+        PAYMENT_CLEARING = "payment_clearing", _("Payment clearing")
+        ADJUSTMENTS = "adjustments", _("Adjustments")
+        PROMOTIONS = "promotions", _("Promotions")
+        CARD_BURN = "card_burn", _("Card burn")
+        CARD_EXPIRY = "card_expiry", _("Card expiry")
+
+    FLOOR_ZERO = (Kind.WALLET, Kind.CARD)
+    CEILING_ZERO = (Kind.OVERDRAFT,)
+    OWNED = (Kind.WALLET, Kind.OVERDRAFT)
+
+    kind = models.CharField(max_length=24, choices=Kind.choices)
+    owner = models.ForeignKey(
+        Account, null=True, blank=True, on_delete=models.PROTECT, related_name="ledger_accounts"
+    )
+    unit = models.CharField(max_length=8)
+    balance_micros = models.BigIntegerField(default=0)
+    version = models.BigIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=~models.Q(kind__in=["wallet", "card"]) | models.Q(balance_micros__gte=0),
+                name="ledger_floor_zero",
+            ),
+            models.CheckConstraint(
+                condition=~models.Q(kind="overdraft") | models.Q(balance_micros__lte=0),
+                name="ledger_overdraft_ceiling_zero",
+            ),
+            models.CheckConstraint(
+                condition=~models.Q(kind__in=["wallet", "overdraft"]) | models.Q(owner__isnull=False),
+                name="ledger_wallet_has_owner",
+            ),
+            models.UniqueConstraint(
+                fields=["owner", "kind", "unit"],
+                condition=models.Q(kind__in=["wallet", "overdraft"]),
+                name="ledger_one_wallet_per_unit",
+            ),
+            models.UniqueConstraint(
+                fields=["kind", "unit"],
+                condition=models.Q(owner__isnull=True) & ~models.Q(kind="card"),
+                name="ledger_one_system_account_per_unit",
+            ),
+        ]
+        indexes = [models.Index(fields=["owner", "kind"])]
+
+    def __str__(self) -> str:
+        who = self.owner.name if self.owner_id else "system"
+        return f"{self.get_kind_display()} {self.unit} ({who})"
+
+
+class Transfer(models.Model):
+    """One movement: ``amount_micros`` leaves ``debit`` and arrives at ``credit``. Never edited."""
+
+    class Kind(models.TextChoices):
+        TOPUP = "topup", _("Top-up")
+        USAGE = "usage", _("Usage")
+        CARD_BURN = "card_burn", _("Card burn")
+        OVERDRAFT_RECOVERY = "overdraft_recovery", _("Overdraft recovery")
+        ADJUSTMENT = "adjustment", _("Adjustment")
+        PROMOTION = "promotion", _("Promotion")
+        CARD_ISSUE = "card_issue", _("Card issue")
+        CARD_SPLIT = "card_split", _("Card split")
+        CARD_REVOKE = "card_revoke", _("Card revoke")
+        CARD_EXPIRE = "card_expire", _("Card expiry")
+        CARD_GRANT = "card_grant", _("Daily grant")
+
+    debit = models.ForeignKey(LedgerAccount, on_delete=models.PROTECT, related_name="debits")
+    credit = models.ForeignKey(LedgerAccount, on_delete=models.PROTECT, related_name="credits")
+    amount_micros = models.BigIntegerField()
+    unit = models.CharField(max_length=8)
+    kind = models.CharField(max_length=24, choices=Kind.choices)
+    memo = models.CharField(max_length=200, blank=True)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    meter = models.ForeignKey(
+        "billing.Meter", null=True, blank=True, on_delete=models.PROTECT, related_name="transfers"
+    )
+    idempotency_key = models.CharField(max_length=200, unique=True)
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=models.Q(amount_micros__gt=0), name="transfer_amount_positive"),
+            models.CheckConstraint(condition=~models.Q(debit=models.F("credit")), name="transfer_two_sides"),
+        ]
+        indexes = [models.Index(fields=["kind", "created_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.amount_micros} {self.unit} #{self.pk}"
+
+
+class Entry(models.Model):
+    """One side of a transfer on one ledger account: signed amount and the balance right after it."""
+
+    transfer = models.ForeignKey(Transfer, on_delete=models.PROTECT, related_name="entries")
+    account = models.ForeignKey(LedgerAccount, on_delete=models.PROTECT, related_name="entries")
+    amount_micros = models.BigIntegerField()
+    balance_after_micros = models.BigIntegerField()
+
+    class Meta:
+        verbose_name_plural = "entries"
+        indexes = [models.Index(fields=["account", "-id"])]
+
+    def __str__(self) -> str:
+        return f"{self.amount_micros:+d} on {self.account_id}"
+
+
+# --- pricing ------------------------------------------------------------------------------------------
+
+
+class Price(models.Model):
+    """What one hour of ``profile`` on ``gpu_model`` costs from ``effective_from`` on, in micros.
+
+    Slices without their own row cost their fraction of the whole card's price. ``gpu_model`` is empty
+    for the GPU-less ``cpu`` profile's site-wide token price.
+    """
+
+    gpu_model = models.CharField(max_length=64, blank=True)
+    profile = models.CharField(max_length=32)
+    price_micros_per_hour = models.BigIntegerField()
+    effective_from = models.DateTimeField(db_default=Now())
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(price_micros_per_hour__gte=0), name="price_nonnegative"
+            ),
+        ]
+        indexes = [models.Index(fields=["gpu_model", "profile", "-effective_from"])]
+
+    def __str__(self) -> str:
+        return f"{self.gpu_model or 'cpu'} {self.profile}: {self.price_micros_per_hour}/h"
+
+
+class CardBurnRate(models.Model):
+    """How many card-hours one hour of a whole ``gpu_model`` burns, in thousandths (T4 500, A100 2000)."""
+
+    gpu_model = models.CharField(max_length=64)
+    multiplier_milli = models.PositiveIntegerField()
+    effective_from = models.DateTimeField(db_default=Now())
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["gpu_model", "-effective_from"])]
+
+    def __str__(self) -> str:
+        return f"{self.gpu_model} ×{self.multiplier_milli / 1000:g}"
+
+
+# --- metering -----------------------------------------------------------------------------------------
+
+
+class Meter(models.Model):
+    """The billing side of one session, at the price it launched at.
+
+    Seconds are counted from ``started_at``: ``billed_seconds`` up to the watermark ``billed_until``
+    (never past ``alive_until``), ``posted_seconds`` of them posted to the ledger, split into
+    ``card_seconds`` (burning cards) and ``wallet_seconds`` (money). Each source's total is
+    cumulative: ``charged_micros == price × wallet_seconds // 3600`` and
+    ``card_charged_micros == card_burn × card_seconds // 3600``, so rounding never drifts.
+    """
+
+    class State(models.TextChoices):
+        OPEN = "open", _("Open")
+        CLOSED = "closed", _("Closed")
+
+    account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="meters")
+    session_ref = models.CharField(max_length=64, unique=True)
+    gpu_model = models.CharField(max_length=64, blank=True)
+    profile = models.CharField(max_length=32)
+    price_id = models.BigIntegerField(null=True, blank=True)
+    price_micros_per_hour = models.BigIntegerField()
+    card_burn_micros_per_hour = models.BigIntegerField()
+    started_at = models.DateTimeField()
+    alive_until = models.DateTimeField()
+    billed_until = models.DateTimeField()
+    ended_at = models.DateTimeField(null=True, blank=True)
+    billed_seconds = models.BigIntegerField(default=0)
+    posted_seconds = models.BigIntegerField(default=0)
+    card_seconds = models.BigIntegerField(default=0)
+    wallet_seconds = models.BigIntegerField(default=0)
+    charged_micros = models.BigIntegerField(default=0)
+    card_charged_micros = models.BigIntegerField(default=0)
+    accrued_micros = models.BigIntegerField(default=0)
+    last_posted_at = models.DateTimeField(null=True, blank=True)
+    runway_warned_at = models.DateTimeField(null=True, blank=True)
+    exhausted_at = models.DateTimeField(null=True, blank=True)
+    state = models.CharField(max_length=8, choices=State.choices, default=State.OPEN)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(posted_seconds__lte=models.F("billed_seconds")),
+                name="meter_posted_le_billed",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(posted_seconds=models.F("card_seconds") + models.F("wallet_seconds")),
+                name="meter_posted_split",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(price_micros_per_hour__gte=0, card_burn_micros_per_hour__gte=0),
+                name="meter_rates_nonnegative",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["account"], condition=models.Q(state="open"), name="meter_open_by_account"),
+        ]
+
+    def __str__(self) -> str:
+        return f"meter {self.session_ref} ({self.gpu_model} {self.profile})"
+
+
+# --- Stripe top-ups -----------------------------------------------------------------------------------
+
+
+class TopUp(models.Model):
+    class State(models.TextChoices):
+        PENDING = "pending", _("Pending")
+        PAID = "paid", _("Paid")
+        EXPIRED = "expired", _("Expired")
+
+    account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="topups")
+    amount_micros = models.BigIntegerField()
+    currency = models.CharField(max_length=3)
+    checkout_session_id = models.CharField(max_length=255, unique=True)
+    checkout_url = models.URLField(max_length=2000, blank=True)
+    state = models.CharField(max_length=8, choices=State.choices, default=State.PENDING)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    paid_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=models.Q(amount_micros__gt=0), name="topup_amount_positive")
+        ]
+
+    def __str__(self) -> str:
+        return f"top-up {self.amount_micros} {self.currency} ({self.state})"
+
+
+# --- compute cards ------------------------------------------------------------------------------------
+
+
+class CardBatch(models.Model):
+    """A run of cards issued together (a course, a promotion)."""
+
+    label = models.CharField(max_length=100, blank=True)
+    hours_micros = models.BigIntegerField()
+    valid_days = models.PositiveIntegerField(null=True, blank=True)  # counted from redemption
+    valid_until = models.DateTimeField(null=True, blank=True)  # or a fixed date
+    gpu_models = models.JSONField(default=list, blank=True)  # empty: any model
+    splittable = models.BooleanField(default=True)
+    max_parts = models.PositiveIntegerField(default=3)
+    one_per_user = models.BooleanField(default=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        verbose_name_plural = "card batches"
+        constraints = [
+            models.CheckConstraint(condition=models.Q(hours_micros__gt=0), name="batch_hours_positive"),
+            models.CheckConstraint(
+                condition=models.Q(valid_days__isnull=False) | models.Q(valid_until__isnull=False),
+                name="batch_has_validity",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"batch {self.label or self.pk}"
+
+
+class Card(models.Model):
+    """A compute card: card-hours on its own ledger account, owned by an account once redeemed."""
+
+    class State(models.TextChoices):
+        UNREDEEMED = "unredeemed", _("Not redeemed")
+        ACTIVE = "active", _("Active")
+        GIFTED = "gifted", _("Gifted, waiting for redemption")
+        EXPIRED = "expired", _("Expired")
+        REVOKED = "revoked", _("Revoked")
+        SPENT = "spent", _("Given away")
+
+    ledger_account = models.OneToOneField(LedgerAccount, on_delete=models.PROTECT, related_name="card")
+    batch = models.ForeignKey(CardBatch, on_delete=models.PROTECT, related_name="cards")
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="parts")
+    owner = models.ForeignKey(Account, null=True, blank=True, on_delete=models.PROTECT, related_name="cards")
+    hours_micros = models.BigIntegerField()  # what it held when it was made
+    gpu_models = models.JSONField(default=list, blank=True)
+    max_parts = models.PositiveIntegerField(default=3)
+    splittable = models.BooleanField(default=True)
+    gifted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    redeemed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    redeemed_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    state = models.CharField(max_length=12, choices=State.choices, default=State.UNREDEEMED)
+    reminded_days = models.JSONField(default=list, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["owner", "state", "expires_at"]),
+            models.Index(fields=["state", "expires_at"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"card #{self.pk} ({self.state})"
+
+
+class InviteCode(models.Model):
+    """The code that redeems one card. Only a keyed hash is stored; the code is shown once."""
+
+    code_hash = models.CharField(max_length=64, unique=True)
+    card = models.ForeignKey(Card, on_delete=models.PROTECT, related_name="codes")
+    used_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)  # an unredeemed gift goes back after this
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"code for card #{self.card_id}"
+
+
+class Notification(models.Model):
+    """A message to an account's people, shown on their pages (card reminders, funds warnings)."""
+
+    account = models.ForeignKey(Account, on_delete=models.CASCADE, related_name="notifications")
+    kind = models.CharField(max_length=32)
+    message = models.CharField(max_length=300)
+    dedupe_key = models.CharField(max_length=200, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    read_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.kind} for {self.account_id}"

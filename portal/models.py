@@ -89,3 +89,35 @@ class TeamInvite(models.Model):
     @property
     def usable(self) -> bool:
         return self.revoked_at is None and self.uses < self.max_uses and self.expires_at > timezone.now()
+
+
+class AccessToken(models.Model):
+    """A personal access token for the API (``Authorization: Bearer sl_…``). Only its hash is stored."""
+
+    class Scope(models.TextChoices):
+        READ = "read", _("Read everything the user can see")
+        SESSIONS = "sessions", _("Launch and stop sessions")
+        CARDS = "cards", _("Redeem, split and gift compute cards")
+        BILLING = "billing", _("Top up the wallet")
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="access_tokens")
+    name = models.CharField(_("name"), max_length=100)
+    prefix = models.CharField(
+        max_length=12, help_text="The first characters, to recognise a token in a list."
+    )
+    token_hash = models.CharField(max_length=64, unique=True)
+    scopes = models.JSONField(default=list)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["user", "revoked_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…) of {self.user}"
+
+    @property
+    def active(self) -> bool:
+        return self.revoked_at is None and (self.expires_at is None or self.expires_at > timezone.now())

@@ -17,7 +17,7 @@ from django.utils.translation import gettext as _
 from billing.audit import audit_record
 from billing.errors import Conflict, Forbidden, NotFound, ValidationFailed
 from billing.models import Account
-from portal.models import Membership, Team, TeamInvite, User
+from portal.models import AccessToken, Membership, Team, TeamInvite, User
 
 INVITE_ALPHABET = "ABCDEFGHJKMNPQRSTVWXYZ23456789"
 
@@ -216,3 +216,39 @@ def team_member_set_role(*, team: Team, actor: User, member: User, role: str) ->
             reason=member.username,
         )
         return target
+
+
+def access_token_create(
+    *, user: User, name: str, scopes: list[str], expires_in_days: int | None = 90
+) -> tuple[AccessToken, str]:
+    """A new personal access token; the raw token is returned once and only its hash is kept."""
+    from portal.auth import token_generate, token_hash
+
+    name = name.strip()[:100]
+    if not name:
+        raise ValidationFailed(_("Give the token a name."), fields={"name": _("This field is required.")})
+    unknown = sorted(set(scopes) - set(AccessToken.Scope.values))
+    if unknown or not scopes:
+        raise ValidationFailed(
+            _("Choose at least one known scope."), fields={"scopes": ", ".join(unknown) or "empty"}
+        )
+    if expires_in_days is not None and not 1 <= expires_in_days <= 366:
+        raise ValidationFailed(_("A token lasts 1 to 366 days."), fields={"expires_in_days": "out of range"})
+    raw = token_generate()
+    token = AccessToken.objects.create(
+        user=user,
+        name=name,
+        prefix=raw[:10],
+        token_hash=token_hash(raw),
+        scopes=sorted(set(scopes)),
+        expires_at=timezone.now() + timedelta(days=expires_in_days) if expires_in_days else None,
+    )
+    return token, raw
+
+
+def access_token_revoke(*, user: User, token_id: int) -> None:
+    updated = AccessToken.objects.filter(pk=token_id, user=user, revoked_at__isnull=True).update(
+        revoked_at=timezone.now()
+    )
+    if not updated:
+        raise NotFound(_("No such token."))

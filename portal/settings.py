@@ -96,6 +96,7 @@ INSTALLED_APPS = [
     "django.contrib.humanize",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "billing",
     "provisioner",
     "portal",
@@ -112,6 +113,7 @@ MIDDLEWARE = [
     "portal.middleware.UserPreferencesMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "portal.security.ContentSecurityPolicyMiddleware",
 ]
 
 ROOT_URLCONF = "portal.urls"
@@ -193,16 +195,75 @@ CELERY_RESULT_EXPIRES = timedelta(hours=1)
 CELERY_BEAT_SCHEDULE = {
     "beat-pulse": {"task": "portal.tasks.beat_pulse", "schedule": env("BEAT_PULSE_SECONDS", 10.0)},
     # --- billing schedule (owned by billing) ---
+    "billing-metering-tick": {"task": "billing.tasks.metering_tick_task", "schedule": METERING_TICK_SECONDS},
+    "billing-card-expire": {
+        "task": "billing.tasks.card_expire_task",
+        "schedule": env("CARD_EXPIRE_SECONDS", 300.0),
+    },
+    "billing-card-remind": {
+        "task": "billing.tasks.card_remind_task",
+        "schedule": env("CARD_REMIND_SECONDS", 3600.0),
+    },
     # --- provisioner schedule (owned by provisioner) ---
+    "provisioner-liveness": {
+        "task": "provisioner.tasks.nodes_liveness_task",
+        "schedule": env("NODE_LIVENESS_SWEEP_SECONDS", 5.0),
+    },
+    "provisioner-queue-dispatch": {
+        "task": "provisioner.tasks.queue_dispatch_task",
+        "schedule": env("QUEUE_DISPATCH_SECONDS", 10.0),
+    },
+    "provisioner-session-limits": {
+        "task": "provisioner.tasks.sessions_enforce_limits_task",
+        "schedule": env("SESSION_LIMITS_SWEEP_SECONDS", 15.0),
+    },
 }
 
 # --- billing settings (owned by billing) ---
+try:
+    PAYING_ACCOUNTS_SELECTOR = env("PAYING_ACCOUNTS_SELECTOR", "portal.selectors.accounts_payable_by")
+    BILLING_RUNWAY_WARN_SECONDS = env("BILLING_RUNWAY_WARN_SECONDS", 600)
+    BILLING_ADMISSION_MINUTES = env("BILLING_ADMISSION_MINUTES", 10)
+    BILLING_POSTING_INTERVAL_SECONDS = env("BILLING_POSTING_INTERVAL_SECONDS", 60)
+    BILLING_CPU_CARD_BURN_MICROS_PER_HOUR = env("BILLING_CPU_CARD_BURN_MICROS_PER_HOUR", 20_000)
+    TOPUP_MIN_MICROS = env("TOPUP_MIN_MICROS", 1_000_000)
+    TOPUP_MAX_MICROS = env("TOPUP_MAX_MICROS", 10_000_000_000)
+    STRIPE_WEBHOOK_TOLERANCE_SECONDS = env("STRIPE_WEBHOOK_TOLERANCE_SECONDS", 300)
+    CARD_MIN_PART_MICROS = env("CARD_MIN_PART_MICROS", 1_000_000)  # one card-hour
+    CARD_REDEEM_RATE_PER_MINUTE = env("CARD_REDEEM_RATE_PER_MINUTE", 10)
+    CARD_DAILY_GRANT_MICROS = env("CARD_DAILY_GRANT_MICROS", 0)  # off unless set
+except ConfigError as exc:
+    _fail(str(exc))
 
 # --- provisioner settings (owned by provisioner) ---
+try:
+    SESSION_START_TIMEOUT_SECONDS = env("SESSION_START_TIMEOUT_SECONDS", 180)
+    SESSION_DEFAULT_MAX_HOURS = env("SESSION_DEFAULT_MAX_HOURS", 8.0)
+    SESSION_DEFAULT_IDLE_MINUTES = env("SESSION_DEFAULT_IDLE_MINUTES", 60)
+    SESSION_IDLE_WARN_SECONDS = env("SESSION_IDLE_WARN_SECONDS", 300)
+    SESSION_IDLE_GPU_PERCENT = env("SESSION_IDLE_GPU_PERCENT", 5)
+    QUEUE_MAX_WAIT_SECONDS = env("QUEUE_MAX_WAIT_SECONDS", 3600)
+    QUOTA_DEFAULT_MAX_EIGHTHS = env("QUOTA_DEFAULT_MAX_EIGHTHS", 16)
+    QUOTA_DEFAULT_MAX_SESSIONS = env("QUOTA_DEFAULT_MAX_SESSIONS", 4)
+    QUOTA_DEFAULT_MAX_SESSION_SECONDS = env("QUOTA_DEFAULT_MAX_SESSION_SECONDS", 86400)
+    QUOTA_DEFAULT_MONTHLY_SPEND_CAP_MICROS = env("QUOTA_DEFAULT_MONTHLY_SPEND_CAP_MICROS", 0)  # 0: no cap
+    AGENT_HTTP_TIMEOUT_SECONDS = env("AGENT_HTTP_TIMEOUT_SECONDS", 10.0)
+    AGENT_HEARTBEAT_INTERVAL_SECONDS = env("AGENT_HEARTBEAT_INTERVAL_SECONDS", 5)
+    DEVICE_SAMPLES_KEPT = env("DEVICE_SAMPLES_KEPT", 120)
+except ConfigError as exc:
+    _fail(str(exc))
 
 REST_FRAMEWORK = {
-    "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.SessionAuthentication"],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "portal.auth.BearerTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": [
+        "rest_framework.permissions.IsAuthenticated",
+        "portal.auth.TokenScopePermission",
+    ],
+    "DEFAULT_THROTTLE_CLASSES": ["rest_framework.throttling.UserRateThrottle"],
+    "DEFAULT_THROTTLE_RATES": {"user": env("API_RATE_PER_USER", "1200/min"), "anon": "60/min"},
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "portal.errors.api_exception_handler",
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
@@ -213,6 +274,10 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "GPU compute by the hour, billed by the second.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
 }
 
 SESSION_COOKIE_HTTPONLY = True
@@ -234,5 +299,10 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
-    "loggers": {"django.db.backends": {"level": "INFO"}, "pgserver": {"level": "WARNING"}},
+    "loggers": {
+        "django.db.backends": {"level": "INFO"},
+        "pgserver": {"level": "WARNING"},
+        "httpx": {"level": "WARNING"},
+        "httpcore": {"level": "WARNING"},
+    },
 }

@@ -1,14 +1,15 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from portal import views
+from portal import api, pages, views
 
 urlpatterns = [
     path("", views.home, name="home"),
     path("healthz", views.healthz, name="healthz"),
     path("signup/", views.signup, name="signup"),
-    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path("login/", views.ThrottledLoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("password/reset/", auth_views.PasswordResetView.as_view(), name="password_reset"),
     path("password/reset/sent/", auth_views.PasswordResetDoneView.as_view(), name="password_reset_done"),
@@ -22,7 +23,11 @@ urlpatterns = [
     ),
     path("password/change/", auth_views.PasswordChangeView.as_view(), name="password_change"),
     path("password/change/done/", auth_views.PasswordChangeDoneView.as_view(), name="password_change_done"),
-    path("dashboard/", views.dashboard, name="dashboard"),
+    path("dashboard/", pages.dashboard, name="dashboard"),
+    path("wallet/", pages.wallet, name="wallet"),
+    path("wallet/statement.csv", pages.wallet_statement_csv, name="wallet_statement_csv"),
+    path("live/funds", pages.funds_live, name="funds_live"),
+    path("cards/", pages.cards, name="cards"),
     path("profile/", views.profile, name="profile"),
     path("language/", views.language_set, name="language_set"),
     path("teams/", views.team_list, name="team_list"),
@@ -31,5 +36,10 @@ urlpatterns = [
     path("teams/<slug:slug>/", views.team_detail, name="team_detail"),
     path("", include("billing.urls")),
     path("", include("provisioner.urls")),
+    path("api/v1/me", api.MeView.as_view(), name="api_me"),
+    path("api/v1/tokens", api.TokenListView.as_view(), name="api_tokens"),
+    path("api/v1/tokens/<int:token_id>", api.TokenDetailView.as_view(), name="api_token"),
+    path("api/schema/", SpectacularAPIView.as_view(), name="api_schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="api_schema"), name="api_docs"),
     path("admin/", admin.site.urls),
 ]

@@ -6,6 +6,8 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import login
 from django.contrib.auth.decorators import login_required
+from django.contrib.auth.views import LoginView
+from django.core.cache import cache
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -19,7 +21,7 @@ from billing.errors import ApplicationError
 from portal import selectors, services
 from portal.forms import ProfileForm, SignupForm, TeamCreateForm, TeamInviteForm, TeamJoinForm
 from portal.health import health_report
-from portal.models import Membership, TeamInvite, User
+from portal.models import AccessToken, Membership, TeamInvite, User
 
 
 def home(request: HttpRequest) -> HttpResponse:
@@ -46,6 +48,9 @@ def signup(request: HttpRequest) -> HttpResponse:
         else:
             login(request, user, backend="django.contrib.auth.backends.ModelBackend")
             messages.success(request, _("Welcome to Suanli, %(name)s.") % {"name": user.username})
+            code = form.cleaned_data.get("invite_code", "").strip()
+            if code:
+                return _redeem_after_signup(request, user, code)
             return redirect("dashboard")
     return render(request, "registration/signup.html", {"form": form})
 
@@ -57,19 +62,59 @@ def dashboard(request: HttpRequest) -> HttpResponse:
     )
 
 
+def _redeem_after_signup(request: HttpRequest, user: User, code: str) -> HttpResponse:
+    """A visitor who came with a compute-card code gets it redeemed in the same step as signing up."""
+    from billing.services.cards import card_redeem
+
+    try:
+        card_redeem(user=user, account=user.account, code=code, ip=request.META.get("REMOTE_ADDR", ""))
+    except ApplicationError as exc:
+        messages.error(
+            request, _("Your account is ready, but the code was not redeemed: %(why)s") % {"why": exc.message}
+        )
+        return redirect("cards")
+    messages.success(request, _("Your compute card is redeemed: you can launch a session now."))
+    return redirect("dashboard")
+
+
 @login_required
 def profile(request: HttpRequest) -> HttpResponse:
     user: User = request.user
     form = ProfileForm(
-        request.POST or None,
+        request.POST if request.POST.get("action", "profile") == "profile" else None,
         initial={"email": user.email, "language": user.language, "time_zone": user.time_zone},
     )
-    if request.method == "POST" and form.is_valid():
-        services.user_update_profile(user=user, **form.cleaned_data)
-        translation.activate(user.language)
-        messages.success(request, _("Your profile is saved."))
-        return redirect("profile")
-    return render(request, "portal/profile.html", {"form": form})
+    if request.method == "POST":
+        action = request.POST.get("action", "profile")
+        if action == "profile" and form.is_valid():
+            services.user_update_profile(user=user, **form.cleaned_data)
+            translation.activate(user.language)
+            messages.success(request, _("Your profile is saved."))
+            return redirect("profile")
+        if action in ("token_create", "token_revoke"):
+            try:
+                if action == "token_create":
+                    days = request.POST.get("expires_in_days", "90")
+                    _token, raw = services.access_token_create(
+                        user=user,
+                        name=request.POST.get("name", ""),
+                        scopes=request.POST.getlist("scopes"),
+                        expires_in_days=int(days) if days.isdigit() else 90,
+                    )
+                    request.session["new_token"] = raw
+                else:
+                    services.access_token_revoke(user=user, token_id=int(request.POST.get("token", "0") or 0))
+                    messages.success(request, _("The token is revoked."))
+            except ApplicationError as exc:
+                messages.error(request, exc.message)
+            return redirect("profile")
+    context = {
+        "form": form,
+        "tokens": AccessToken.objects.filter(user=user).order_by("-created_at"),
+        "scopes": AccessToken.Scope.choices,
+        "new_token": request.session.pop("new_token", None),
+    }
+    return render(request, "portal/profile.html", context)
 
 
 @require_POST
@@ -181,3 +226,41 @@ def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
 def healthz(request: HttpRequest) -> JsonResponse:
     healthy, report = health_report()
     return JsonResponse(report, status=200 if healthy else 503)
+
+
+LOGIN_FAILURES_ALLOWED = 5
+LOGIN_LOCKOUT_SECONDS = 15 * 60
+
+
+def _login_failure_keys(request: HttpRequest) -> list[str]:
+    username = request.POST.get("username", "").strip().lower()[:150]
+    ip = request.META.get("REMOTE_ADDR", "")
+    return [f"login-fail:user:{username}", f"login-fail:ip:{ip}"]
+
+
+class ThrottledLoginView(LoginView):
+    """Django's login, locked for 15 minutes after 5 failures for one username or from one address."""
+
+    redirect_authenticated_user = True
+
+    def post(self, request, *args, **kwargs):
+        keys = _login_failure_keys(request)
+        counts = cache.get_many(keys)
+        if max(counts.values(), default=0) >= LOGIN_FAILURES_ALLOWED:
+            form = self.get_form()
+            form.errors.clear()
+            form.add_error(
+                None, _("Too many failed attempts. Try again in 15 minutes, or reset your password.")
+            )
+            return self.render_to_response(self.get_context_data(form=form), status=429)
+        return super().post(request, *args, **kwargs)
+
+    def form_invalid(self, form):
+        for key in _login_failure_keys(self.request):
+            cache.add(key, 0, LOGIN_LOCKOUT_SECONDS)
+            cache.incr(key)
+        return super().form_invalid(form)
+
+    def form_valid(self, form):
+        cache.delete_many(_login_failure_keys(self.request))
+        return super().form_valid(form)

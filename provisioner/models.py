@@ -1,0 +1,382 @@
+"""Nodes, GPUs and slices, profiles, environments, allocations, sessions and quotas.
+
+The invariant that matters most is held by the database: ``AllocationSlot`` has one row per
+(device, eighth) with a unique constraint, so no slot of a GPU is ever handed out twice, whatever
+the Python above it does.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.utils.translation import gettext_lazy as _
+
+SLOTS_PER_GPU = 8
+
+
+class GpuModel(models.Model):
+    """A kind of card the fleet sells (``A100-SXM4-80GB``), matched to NVML names of devices."""
+
+    class Policy(models.TextChoices):
+        BINPACK = "binpack", _("Binpack: fill used GPUs first, keep whole cards whole")
+        SPREAD = "spread", _("Spread: emptiest GPU first")
+
+    name = models.CharField(max_length=64, unique=True)
+    memory_mib = models.PositiveIntegerField()
+    peak_tflops = models.FloatField(default=0.0)
+    profiles = models.JSONField(default=list, help_text="Offered profiles, e.g. ['whole', '1/2', '1g.18gb'].")
+    placement_policy = models.CharField(max_length=8, choices=Policy.choices, default=Policy.BINPACK)
+    nvml_names = models.JSONField(
+        default=list, help_text="NVML device names that are this model, e.g. ['NVIDIA A100-SXM4-80GB']."
+    )
+    enabled = models.BooleanField(default=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+    def matches(self, nvml_name: str) -> bool:
+        wanted = nvml_name.strip().lower()
+        names = [n.lower() for n in self.nvml_names] or [self.name.lower(), f"nvidia {self.name.lower()}"]
+        return wanted in names
+
+
+class Profile(models.Model):
+    """What a user rents: ``whole``, ``1/2``, ``1/4``, ``1/8`` (aligned eighths of one GPU), a MIG
+    profile (a whole MIG device), or ``cpu`` (no GPU)."""
+
+    class Kind(models.TextChoices):
+        WHOLE = "whole", _("Whole card")
+        SLICE = "slice", _("Slice")
+        MIG = "mig", _("MIG device")
+        CPU = "cpu", _("No GPU")
+
+    name = models.CharField(max_length=32, unique=True)
+    kind = models.CharField(max_length=8, choices=Kind.choices)
+    eighths = models.PositiveSmallIntegerField(
+        help_text="Slots of the device it takes (MIG: 8 of its device)."
+    )
+    quota_eighths = models.PositiveSmallIntegerField(help_text="Eighths of a card it counts for in quotas.")
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(eighths__in=[0, 1, 2, 4, 8]), name="profile_eighths_buddy"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Environment(models.Model):
+    """A software stack: a Python for the process runtime, an image for docker."""
+
+    name = models.CharField(max_length=64, unique=True)
+    python = models.CharField(max_length=300, blank=True, help_text="Absolute path (process runtime).")
+    image = models.CharField(max_length=300, blank=True, help_text="Container image (docker runtime).")
+    cpu_cores = models.FloatField(default=2.0)
+    memory_mib = models.PositiveIntegerField(default=8192)
+    enabled = models.BooleanField(default=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Node(models.Model):
+    """A GPU host with an agent. ``address`` is the agent's base URL."""
+
+    class State(models.TextChoices):
+        ACTIVE = "active", _("Active")
+        CORDONED = "cordoned", _("Cordoned (no new sessions)")
+        DRAINING = "draining", _("Draining (sessions being stopped)")
+        DOWN = "down", _("Down (missed heartbeats)")
+
+    name = models.CharField(max_length=100, unique=True)
+    address = models.URLField(max_length=300)
+    token_hash = models.CharField(max_length=64, unique=True)
+    token_sealed = models.TextField()
+    state = models.CharField(max_length=10, choices=State.choices, default=State.ACTIVE)
+    state_before_down = models.CharField(max_length=10, choices=State.choices, blank=True)
+    labels = models.JSONField(default=dict, blank=True)
+    agent_version = models.CharField(max_length=32, blank=True)
+    runtime = models.CharField(max_length=32, blank=True)
+    driver_version = models.CharField(max_length=32, blank=True)
+    cuda_version = models.CharField(max_length=32, blank=True)
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["state", "last_heartbeat_at"])]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Device(models.Model):
+    """A physical GPU or a MIG device of one, as the node's agent reports it."""
+
+    class Kind(models.TextChoices):
+        PHYSICAL = "physical", _("Physical GPU")
+        MIG = "mig", _("MIG device")
+
+    class Health(models.TextChoices):
+        OK = "ok", _("OK")
+        LOST = "lost", _("Lost (NVML reports it gone)")
+        MISSING = "missing", _("Missing from the last inventory")
+
+    class Sharing(models.TextChoices):
+        EXCLUSIVE = "exclusive", _("Exclusive (whole card only)")
+        FIXED_SHARE = "fixed-share", _("Fixed share (HAMi caps)")
+        EQUAL_SHARE = "equal-share", _("Equal share (MPS)")
+        BEST_EFFORT = "best-effort", _("Best effort (time-slicing)")
+
+    SHARED = (Sharing.FIXED_SHARE, Sharing.EQUAL_SHARE, Sharing.BEST_EFFORT)
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="devices")
+    uuid = models.CharField(max_length=100, unique=True)
+    index = models.PositiveSmallIntegerField(default=0)
+    kind = models.CharField(max_length=8, choices=Kind.choices, default=Kind.PHYSICAL)
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="mig_devices"
+    )
+    gpu_model = models.ForeignKey(GpuModel, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    nvml_name = models.CharField(max_length=100, blank=True)
+    pci_bus_id = models.CharField(max_length=32, blank=True)
+    mig_mode = models.BooleanField(default=False)
+    mig_profile = models.CharField(max_length=32, blank=True)
+    memory_mib = models.PositiveIntegerField(default=0)
+    health = models.CharField(max_length=8, choices=Health.choices, default=Health.OK)
+    sharing_policy = models.CharField(max_length=12, choices=Sharing.choices, default=Sharing.FIXED_SHARE)
+    last_metrics = models.JSONField(default=dict, blank=True)
+    last_seen_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["node_id", "index", "id"]
+        indexes = [models.Index(fields=["gpu_model", "health"])]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(kind="physical", parent__isnull=True) | Q(kind="mig", parent__isnull=False),
+                name="device_mig_has_parent",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        label = self.mig_profile if self.kind == self.Kind.MIG else (self.gpu_model or self.nvml_name)
+        return f"{self.node.name}/{self.index} {label} ({self.uuid[:12]})"
+
+
+class DeviceSample(models.Model):
+    """A short history of one device's metrics; the heartbeat keeps the last few per device."""
+
+    device = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="samples")
+    collected_at = models.DateTimeField()
+    gpu_util_percent = models.SmallIntegerField(null=True)
+    memory_used_mib = models.IntegerField(null=True)
+    temperature_c = models.SmallIntegerField(null=True)
+    power_w = models.FloatField(null=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["device", "-collected_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.device_id} at {self.collected_at:%H:%M:%S}"
+
+
+class Session(models.Model):
+    """One Jupyter workload on one allocation, and its lifecycle."""
+
+    class State(models.TextChoices):
+        QUEUED = "queued", _("Queued")
+        PLACING = "placing", _("Placing")
+        STARTING = "starting", _("Starting")
+        RUNNING = "running", _("Running")
+        STOPPING = "stopping", _("Stopping")
+        STOPPED = "stopped", _("Stopped")
+        FAILED = "failed", _("Failed")
+        LOST = "lost", _("Lost")
+
+    LIVE = (State.QUEUED, State.PLACING, State.STARTING, State.RUNNING, State.STOPPING)
+    ON_NODE = (State.PLACING, State.STARTING, State.RUNNING)  # what the agent should run
+    ENDED = (State.STOPPED, State.FAILED, State.LOST)
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="gpu_sessions")
+    account = models.ForeignKey("billing.Account", on_delete=models.PROTECT, related_name="gpu_sessions")
+    gpu_model = models.ForeignKey(GpuModel, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    profile = models.ForeignKey(Profile, on_delete=models.PROTECT, related_name="+")
+    environment = models.ForeignKey(Environment, on_delete=models.PROTECT, related_name="+")
+    state = models.CharField(max_length=10, choices=State.choices, default=State.QUEUED)
+    reason = models.CharField(max_length=300, blank=True, help_text="Why the last transition happened.")
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+
+    node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.PROTECT, related_name="sessions")
+    device = models.ForeignKey(Device, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    slot_start = models.PositiveSmallIntegerField(null=True, blank=True)
+    slot_count = models.PositiveSmallIntegerField(null=True, blank=True)
+    sharing_policy = models.CharField(max_length=12, blank=True)
+    jupyter_token_sealed = models.TextField()
+    upstream = models.CharField(max_length=300, blank=True)
+
+    price_id = models.BigIntegerField(null=True, blank=True)
+    price_micros_per_hour = models.BigIntegerField(default=0)
+    card_burn_micros_per_hour = models.BigIntegerField(default=0)
+    max_seconds = models.PositiveIntegerField()
+    idle_seconds = models.PositiveIntegerField(null=True, blank=True)
+    queue_priority = models.SmallIntegerField(default=0)
+    queue_max_wait_seconds = models.PositiveIntegerField(default=3600)
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    queued_at = models.DateTimeField(null=True, blank=True)
+    placed_at = models.DateTimeField(null=True, blank=True)
+    starting_at = models.DateTimeField(null=True, blank=True)
+    running_at = models.DateTimeField(null=True, blank=True)
+    stopping_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    last_alive_at = models.DateTimeField(null=True, blank=True)
+    last_active_at = models.DateTimeField(null=True, blank=True)
+    idle_warned_at = models.DateTimeField(null=True, blank=True)
+    gpu_util_percent = models.SmallIntegerField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["owner", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="session_idempotency_per_owner",
+            ),
+            models.CheckConstraint(
+                condition=~Q(state__in=["placing", "starting", "running"]) | Q(node__isnull=False),
+                name="session_on_node_has_node",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["state", "gpu_model"]),
+            models.Index(fields=["owner", "state"]),
+            models.Index(fields=["account", "state"]),
+            models.Index(fields=["node", "state"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"session {str(self.id)[:8]} of {self.owner_id} ({self.state})"
+
+    @property
+    def ref(self) -> str:
+        return str(self.id)
+
+    @property
+    def base_url(self) -> str:
+        return f"/jupyter/{self.id}/"
+
+
+class Allocation(models.Model):
+    """The slots one session holds on one device, while it holds them. Deleted when freed."""
+
+    session = models.OneToOneField(Session, on_delete=models.CASCADE, related_name="allocation")
+    device = models.ForeignKey(Device, on_delete=models.PROTECT, related_name="allocations")
+    slot_start = models.PositiveSmallIntegerField()
+    slot_count = models.PositiveSmallIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(slot_count__in=[1, 2, 4, 8]) & Q(slot_start__lt=SLOTS_PER_GPU),
+                name="allocation_buddy_size",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.device.uuid} slots {self.slot_start}..{self.slot_start + self.slot_count}"
+
+
+class AllocationSlot(models.Model):
+    """One eighth of one device held by one allocation: the unique (device, slot) pair is the guarantee."""
+
+    allocation = models.ForeignKey(Allocation, on_delete=models.CASCADE, related_name="slots")
+    device = models.ForeignKey(Device, on_delete=models.PROTECT, related_name="+")
+    slot = models.PositiveSmallIntegerField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["device", "slot"], name="allocation_slot_once"),
+            models.CheckConstraint(condition=Q(slot__lt=SLOTS_PER_GPU), name="allocation_slot_in_range"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.device_id}#{self.slot}"
+
+
+class SessionEvent(models.Model):
+    """A line of a session's history, for its page."""
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="events")
+    at = models.DateTimeField(auto_now_add=True)
+    from_state = models.CharField(max_length=10, blank=True)
+    to_state = models.CharField(max_length=10, blank=True)
+    kind = models.CharField(max_length=32)
+    message = models.CharField(max_length=500)
+
+    class Meta:
+        ordering = ["at", "id"]
+        indexes = [models.Index(fields=["session", "at"])]
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.message}"
+
+
+class Quota(models.Model):
+    """Limits for a user (``user`` only), a team account (``account`` only), or a member's cap inside a
+    team (both). A null limit means the default from settings (for members: no extra cap)."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE, related_name="gpu_quotas"
+    )
+    account = models.ForeignKey(
+        "billing.Account", null=True, blank=True, on_delete=models.CASCADE, related_name="gpu_quotas"
+    )
+    max_eighths = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Concurrent GPU share, in eighths."
+    )
+    max_sessions = models.PositiveIntegerField(null=True, blank=True)
+    allowed_gpu_models = models.JSONField(null=True, blank=True, help_text="Names; null means all.")
+    allowed_profiles = models.JSONField(null=True, blank=True, help_text="Names; null means all.")
+    max_session_seconds = models.PositiveIntegerField(null=True, blank=True)
+    monthly_spend_cap_micros = models.BigIntegerField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(user__isnull=False) | Q(account__isnull=False), name="quota_has_subject"
+            ),
+            models.UniqueConstraint(
+                fields=["user"], condition=Q(account__isnull=True), name="quota_one_per_user"
+            ),
+            models.UniqueConstraint(
+                fields=["account"], condition=Q(user__isnull=True), name="quota_one_per_account"
+            ),
+            models.UniqueConstraint(
+                fields=["account", "user"],
+                condition=Q(user__isnull=False, account__isnull=False),
+                name="quota_one_per_member",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        if self.user_id and self.account_id:
+            return f"member quota of {self.user} in {self.account}"
+        return f"quota of {self.user or self.account}"
+
+    def limits(self) -> dict:
+        return {
+            f: getattr(self, f)
+            for f in (
+                "max_eighths",
+                "max_sessions",
+                "allowed_gpu_models",
+                "allowed_profiles",
+                "max_session_seconds",
+                "monthly_spend_cap_micros",
+            )
+        }

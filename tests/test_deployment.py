@@ -28,7 +28,10 @@ def test_compose_points_every_app_process_at_the_servers_and_forbids_the_default
     for name in ("web", "worker", "beat", "migrate"):
         environment = services[name]["environment"]
         assert environment["DEBUG"] == "0"
-        assert environment["DATABASE_URL"].startswith("postgresql://") and "@postgres:5432/" in environment["DATABASE_URL"]
+        assert (
+            environment["DATABASE_URL"].startswith("postgresql://")
+            and "@postgres:5432/" in environment["DATABASE_URL"]
+        )
         assert environment["REDIS_URL"] == "redis://redis:6379/0"
         assert ":?" in environment["SECRET_KEY"]  # compose refuses to start without one
         assert services[name]["depends_on"]
@@ -43,7 +46,9 @@ def test_the_dockerfile_installs_the_project_and_serves_asgi():
 
 def test_the_procfile_runs_web_worker_and_beat():
     procfile = dict(
-        line.split(":", 1) for line in (ROOT / "Procfile").read_text().splitlines() if line and not line.startswith("#")
+        line.split(":", 1)
+        for line in (ROOT / "Procfile").read_text().splitlines()
+        if line and not line.startswith("#")
     )
     assert {"web", "worker", "beat"} <= set(procfile)
     assert "uvicorn portal.asgi:application" in procfile["web"]

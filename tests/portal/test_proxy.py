@@ -7,6 +7,7 @@ session); the end-to-end tests in tests/browser use the portal's real one over r
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import secrets
 import socket
@@ -23,6 +24,14 @@ import uvicorn
 import websockets
 
 from portal.proxy import JupyterProxy, Refusal, Route
+
+
+def _run_in_thread(coroutine):
+    """asyncio.run on a fresh thread: another test (Playwright, a fake server) may have left an event
+    loop running on this one."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
+
 
 pytestmark = pytest.mark.slow
 
@@ -185,7 +194,7 @@ def test_a_kernel_runs_code_over_the_proxied_websocket(proxy_url, jupyter):
                 if message["msg_type"] == "stream" and message["parent_header"].get("msg_id") == msg_id:
                     return message["content"]["text"]
 
-    assert asyncio.run(run()).strip() == "42"
+    assert _run_in_thread(run()).strip() == "42"
 
 
 def test_a_websocket_of_a_stranger_is_closed(proxy_url, jupyter):
@@ -195,4 +204,4 @@ def test_a_websocket_of_a_stranger_is_closed(proxy_url, jupyter):
             await ws.recv()
 
     with pytest.raises(websockets.exceptions.WebSocketException):
-        asyncio.run(run())
+        _run_in_thread(run())

@@ -1,0 +1,204 @@
+"""Reads of the billing app: funds, wallets, ledger history, prices, cards."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.conf import settings
+from django.db.models import Q, QuerySet, Sum
+from django.db.models.functions import Now
+from django.utils.module_loading import import_string
+
+from billing.errors import NotFound
+from billing.models import Account, Card, Entry, LedgerAccount, Meter, Price
+
+
+@dataclass(frozen=True)
+class Funds:
+    wallet_micros: int
+    overdraft_micros: int  # ≤ 0: what the account owes
+    cards_micros: int  # card-hour micros on active, unexpired cards (usable for gpu_model, when given)
+    accrued_micros: int  # billed but not yet posted, on open meters
+    burn_micros_per_hour: int  # money rate of the account's open meters
+    card_burn_micros_per_hour: int
+
+    @property
+    def money_micros(self) -> int:
+        return self.wallet_micros + self.overdraft_micros
+
+    @property
+    def available_micros(self) -> int:
+        return self.money_micros - self.accrued_micros
+
+    @property
+    def runway_seconds(self) -> int | None:
+        """Seconds until the account's running sessions exhaust cards and wallet; None when nothing runs."""
+        if self.burn_micros_per_hour <= 0:
+            return None
+        card_seconds = (
+            self.cards_micros * 3600 // self.card_burn_micros_per_hour
+            if self.card_burn_micros_per_hour
+            else 0
+        )
+        return max(0, card_seconds + self.available_micros * 3600 // self.burn_micros_per_hour)
+
+
+def usable_cards(*, account: Account, gpu_model: str | None = None) -> QuerySet[Card]:
+    cards = Card.objects.filter(owner=account, state=Card.State.ACTIVE).filter(
+        Q(expires_at__isnull=True) | Q(expires_at__gt=Now())
+    )
+    if gpu_model is not None:
+        cards = cards.filter(Q(gpu_models=[]) | Q(gpu_models__contains=[gpu_model]))
+    return cards
+
+
+def account_funds(*, account: Account, gpu_model: str | None = None) -> Funds:
+    unit = settings.SITE_CURRENCY
+    balances = dict(
+        LedgerAccount.objects.filter(owner=account, unit=unit, kind__in=["wallet", "overdraft"]).values_list(
+            "kind", "balance_micros"
+        )
+    )
+    cards = usable_cards(account=account, gpu_model=gpu_model).aggregate(
+        s=Sum("ledger_account__balance_micros")
+    )
+    meters = Meter.objects.filter(account=account, state=Meter.State.OPEN).aggregate(
+        accrued=Sum("accrued_micros"),
+        price=Sum("price_micros_per_hour"),
+        burn=Sum("card_burn_micros_per_hour"),
+    )
+    return Funds(
+        wallet_micros=balances.get("wallet", 0),
+        overdraft_micros=balances.get("overdraft", 0),
+        cards_micros=cards["s"] or 0,
+        accrued_micros=meters["accrued"] or 0,
+        burn_micros_per_hour=meters["price"] or 0,
+        card_burn_micros_per_hour=meters["burn"] or 0,
+    )
+
+
+def accounts_payable_by(*, user) -> list[Account]:
+    """The accounts ``user`` may see and pay with, as the portal decides (PAYING_ACCOUNTS_SELECTOR)."""
+    return list(import_string(settings.PAYING_ACCOUNTS_SELECTOR)(user=user))
+
+
+def account_for_user(*, user, account_id: int | str | None = None) -> Account:
+    """The caller's own account, or a team account they belong to; anything else is NotFound."""
+    if account_id in (None, ""):
+        if not getattr(user, "account_id", None):
+            raise NotFound("No such account.")
+        return user.account
+    try:
+        wanted = int(account_id)
+    except (TypeError, ValueError):
+        raise NotFound("No such account.")
+    for account in accounts_payable_by(user=user):
+        if account.id == wanted:
+            return account
+    raise NotFound("No such account.")
+
+
+def ledger_entries(
+    *,
+    account: Account,
+    kind: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> QuerySet[Entry]:
+    """An account's ledger history (wallet, overdraft and its cards), newest first."""
+    entries = (
+        Entry.objects.filter(account__owner=account)
+        .select_related("transfer", "account", "transfer__meter")
+        .order_by("-transfer__created_at", "-id")
+    )
+    if kind:
+        entries = entries.filter(transfer__kind=kind)
+    if since:
+        entries = entries.filter(transfer__created_at__gte=since)
+    if until:
+        entries = entries.filter(transfer__created_at__lt=until)
+    return entries
+
+
+def price_list() -> list[dict]:
+    """The current catalog: every priced (gpu_model, profile) with its money and card burn per hour,
+    slices included at their derived price. For the pricing page and the launch form."""
+    from billing.services.pricing import CPU, WHOLE, price_quote
+
+    latest: dict[tuple[str, str], Price] = {}
+    for price in Price.objects.filter(effective_from__lte=Now()).order_by("effective_from", "id"):
+        latest[(price.gpu_model, price.profile)] = price
+    rows = []
+    models = sorted({m for m, p in latest if p == WHOLE})
+    for model in models:
+        profiles = [WHOLE, "1/2", "1/4", "1/8"] + sorted(p for m, p in latest if m == model and "g." in p)
+        for profile in profiles:
+            quote = price_quote(gpu_model=model, profile=profile)
+            rows.append(
+                {
+                    "gpu_model": model,
+                    "profile": profile,
+                    "price_micros_per_hour": quote.price_micros_per_hour,
+                    "card_burn_micros_per_hour": quote.card_burn_micros_per_hour,
+                }
+            )
+    if ("", CPU) in latest:
+        quote = price_quote(gpu_model="", profile=CPU)
+        rows.append(
+            {
+                "gpu_model": "",
+                "profile": CPU,
+                "price_micros_per_hour": quote.price_micros_per_hour,
+                "card_burn_micros_per_hour": quote.card_burn_micros_per_hour,
+            }
+        )
+    return rows
+
+
+def cards_for_account(*, account: Account) -> QuerySet[Card]:
+    """The account's cards and the unredeemed parts it made from them."""
+    return (
+        Card.objects.filter(Q(owner=account) | Q(parent__owner=account, state=Card.State.GIFTED))
+        .select_related("ledger_account")
+        .order_by("expires_at", "id")
+    )
+
+
+def card_lineage(*, card: Card) -> list[dict]:
+    """Where a card came from, root first: batch, parent, who gifted and redeemed it (usernames only)."""
+    chain = []
+    current: Card | None = card
+    while current is not None:
+        chain.append(
+            {
+                "card_id": current.id,
+                "batch": current.batch.label or f"batch {current.batch_id}",
+                "parent_id": current.parent_id,
+                "gifted_by": current.gifted_by.get_username() if current.gifted_by_id else None,
+                "redeemed_by": current.redeemed_by.get_username() if current.redeemed_by_id else None,
+                "redeemed_at": current.redeemed_at,
+            }
+        )
+        current = current.parent
+    return list(reversed(chain))
+
+
+def card_detail(*, account: Account, card_id: int) -> dict:
+    card = cards_for_account(account=account).select_related("batch", "parent", "gifted_by", "redeemed_by")
+    card = card.filter(id=card_id).first()
+    if card is None:
+        raise NotFound("No such card.")
+    return {
+        "id": card.id,
+        "state": card.state,
+        "hours_micros": card.hours_micros,
+        "hours_left_micros": card.ledger_account.balance_micros,
+        "gpu_models": card.gpu_models,
+        "expires_at": card.expires_at,
+        "max_parts": card.max_parts,
+        "parts": [
+            {"id": p.id, "state": p.state, "hours_micros": p.hours_micros} for p in card.parts.order_by("id")
+        ],
+        "lineage": card_lineage(card=card),
+    }

@@ -1,0 +1,1 @@
+"""Writes of the billing app, one module per concern (ledger, pricing, metering, topups, cards)."""

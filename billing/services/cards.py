@@ -1,0 +1,440 @@
+"""Compute cards: issue in batches with invite codes, redeem, split into parts, gift, revoke, expire.
+
+A card's hours live on its own CARD_H ledger account: issued from ``promotions``, burned into
+``card_burn`` by metering, moved to ``card_expiry`` at expiry, and moved between parent and parts by
+transfers, so hours issued = hours left + burned + expired, exactly. Every service that moves hours
+locks the ledger accounts involved in id order (``select_for_update``); redemption also locks the
+invite code row, so any number of concurrent redemptions of one code make exactly one owner.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.core.cache import cache
+from django.db import transaction
+
+from billing.codes import CodeMalformed, CodeMistyped, code_generate, code_hash, code_normalize
+from billing.errors import Conflict, NotFound, RateLimited, ValidationFailed
+from billing.models import (
+    CARD_UNIT,
+    Account,
+    Card,
+    CardBatch,
+    InviteCode,
+    LedgerAccount,
+    Notification,
+    Transfer,
+)
+from billing.services.ledger import Leg, lock_accounts, post_legs_locked, system_account
+from billing.services.metering import db_now
+
+GIFT_CODE_VALID_DAYS = 14
+MAX_BATCH = 10_000
+
+
+def _hours_micros(value: object, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValidationFailed(
+            f"{field} must be a positive whole number of micro-hours.", fields={field: "invalid"}
+        )
+    return value
+
+
+def _new_code(card: Card, *, expires_at: datetime | None = None) -> str:
+    code = code_generate()
+    InviteCode.objects.create(card=card, code_hash=code_hash(code_normalize(code)), expires_at=expires_at)
+    return code
+
+
+def card_batch_issue(
+    *,
+    hours_micros: int,
+    count: int,
+    valid_days: int | None = None,
+    valid_until: datetime | None = None,
+    gpu_models: list[str] | None = None,
+    max_parts: int = 3,
+    splittable: bool = True,
+    one_per_user: bool = True,
+    label: str = "",
+    actor=None,
+) -> tuple[CardBatch, list[str]]:
+    """Issue ``count`` cards of ``hours_micros`` each, funded from the promotions account; returns the
+    batch and the codes (shown once: only their keyed hashes are stored). One transaction."""
+    _hours_micros(hours_micros, "hours_micros")
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_BATCH:
+        raise ValidationFailed(
+            f"Issue between 1 and {MAX_BATCH} cards at a time.", fields={"count": "out of range"}
+        )
+    if valid_days is None and valid_until is None:
+        raise ValidationFailed("A batch needs a validity.", fields={"valid_days": "required"})
+    if valid_days is not None and (not isinstance(valid_days, int) or valid_days <= 0):
+        raise ValidationFailed(
+            "valid_days must be a positive number of days.", fields={"valid_days": "invalid"}
+        )
+    if not isinstance(max_parts, int) or max_parts < 0 or max_parts > 50:
+        raise ValidationFailed("max_parts must be between 0 and 50.", fields={"max_parts": "invalid"})
+    models = sorted({m.strip() for m in (gpu_models or []) if m.strip()})
+    source = system_account(kind=LedgerAccount.Kind.PROMOTIONS, unit=CARD_UNIT)
+    with transaction.atomic():
+        batch = CardBatch.objects.create(
+            label=label[:100],
+            hours_micros=hours_micros,
+            valid_days=valid_days,
+            valid_until=valid_until,
+            gpu_models=models,
+            splittable=splittable and max_parts > 0,
+            max_parts=max_parts,
+            one_per_user=one_per_user,
+            created_by=actor if getattr(actor, "pk", None) else None,
+        )
+        ledgers = LedgerAccount.objects.bulk_create(
+            [LedgerAccount(kind=LedgerAccount.Kind.CARD, unit=CARD_UNIT) for _ in range(count)]
+        )
+        cards = Card.objects.bulk_create(
+            [
+                Card(
+                    ledger_account=la,
+                    batch=batch,
+                    hours_micros=hours_micros,
+                    gpu_models=models,
+                    max_parts=batch.max_parts,
+                    splittable=batch.splittable,
+                    expires_at=valid_until,
+                )
+                for la in ledgers
+            ]
+        )
+        locked = lock_accounts([source.id, *(la.id for la in ledgers)])
+        post_legs_locked(
+            legs=[
+                Leg(
+                    source.id,
+                    card.ledger_account_id,
+                    hours_micros,
+                    Transfer.Kind.CARD_ISSUE,
+                    f"card:{card.id}:issue",
+                )
+                for card in cards
+            ],
+            locked=locked,
+            actor=actor,
+        )
+        codes = []
+        rows = []
+        for card in cards:
+            code = code_generate()
+            codes.append(code)
+            rows.append(InviteCode(card=card, code_hash=code_hash(code_normalize(code))))
+        InviteCode.objects.bulk_create(rows)
+    return batch, codes
+
+
+def _rate_limit(*, user, ip: str | None) -> None:
+    limit = settings.CARD_REDEEM_RATE_PER_MINUTE
+    for key in (f"card-redeem:user:{user.pk}", f"card-redeem:ip:{ip}" if ip else None):
+        if key is None:
+            continue
+        cache.add(key, 0, timeout=60)
+        try:
+            attempts = cache.incr(key)
+        except ValueError:
+            cache.set(key, 1, timeout=60)
+            attempts = 1
+        if attempts > limit:
+            raise RateLimited("Too many attempts; wait a minute and try again.")
+
+
+def card_redeem(*, user, account: Account, code: str, ip: str | None = None) -> Card:
+    """Redeem an invite code onto ``account``. Rate limited per user and per IP (Redis cache).
+
+    Locks the code row, then the card: of many concurrent redemptions exactly one wins. Raises
+    ValidationFailed ``code_mistyped`` (check symbol fails, no lookup made) or ``code_invalid``,
+    NotFound ``code_unknown``, Conflict ``code_used``, ValidationFailed ``code_expired`` /
+    ``code_revoked`` / ``card_limit`` (one per user), RateLimited.
+    """
+    _rate_limit(user=user, ip=ip)
+    try:
+        data = code_normalize(code)
+    except CodeMistyped:
+        raise ValidationFailed(
+            "That code has a typo: check it and try again.", code="code_mistyped", fields={"code": "mistyped"}
+        )
+    except CodeMalformed:
+        raise ValidationFailed("That is not an invite code.", code="code_invalid", fields={"code": "invalid"})
+    now = db_now()
+    with transaction.atomic():
+        invite = InviteCode.objects.select_for_update().filter(code_hash=code_hash(data)).first()
+        if invite is None:
+            raise NotFound("No card has that code.", code="code_unknown")
+        card = Card.objects.select_for_update().select_related("batch").get(id=invite.card_id)
+        if invite.used_at is not None:
+            raise Conflict("That code has already been redeemed.", code="code_used")
+        if invite.revoked_at is not None or card.state == Card.State.REVOKED:
+            raise ValidationFailed("That code was withdrawn by its giver.", code="code_revoked")
+        if (
+            card.state == Card.State.EXPIRED
+            or (card.expires_at and card.expires_at <= now)
+            or (invite.expires_at and invite.expires_at <= now)
+        ):
+            raise ValidationFailed("That card has expired.", code="code_expired")
+        if card.state not in (Card.State.UNREDEEMED, Card.State.GIFTED):
+            raise Conflict("That code has already been redeemed.", code="code_used")
+        if (
+            card.batch.one_per_user
+            and card.parent_id is None
+            and Card.objects.filter(batch=card.batch, parent__isnull=True, redeemed_by=user).exists()
+        ):
+            raise ValidationFailed("You already have a card from this batch.", code="card_limit")
+        if card.expires_at is None:
+            card.expires_at = now + timedelta(days=card.batch.valid_days or 0)
+            if card.batch.valid_until and card.batch.valid_until < card.expires_at:
+                card.expires_at = card.batch.valid_until
+        card.owner = account
+        card.state = Card.State.ACTIVE
+        card.redeemed_by = user
+        card.redeemed_at = now
+        card.save(update_fields=["owner", "state", "redeemed_by", "redeemed_at", "expires_at"])
+        LedgerAccount.objects.filter(id=card.ledger_account_id).update(owner=account)
+        invite.used_at = now
+        invite.save(update_fields=["used_at"])
+    return card
+
+
+def _owned_card_locked(card_id: int, account: Account) -> tuple[Card, LedgerAccount]:
+    card = Card.objects.select_for_update().filter(id=card_id, owner=account).first()
+    if card is None:
+        raise NotFound("No such card.")
+    ledger = LedgerAccount.objects.select_for_update().get(id=card.ledger_account_id)
+    return card, ledger
+
+
+def _make_parts(
+    *, card: Card, ledger: LedgerAccount, amounts: list[int], actor, now: datetime
+) -> list[tuple[Card, str]]:
+    ledgers = LedgerAccount.objects.bulk_create(
+        [LedgerAccount(kind=LedgerAccount.Kind.CARD, unit=CARD_UNIT) for _ in amounts]
+    )
+    parts = Card.objects.bulk_create(
+        [
+            Card(
+                ledger_account=la,
+                batch_id=card.batch_id,
+                parent=card,
+                hours_micros=amount,
+                gpu_models=card.gpu_models,
+                max_parts=0,
+                splittable=False,
+                gifted_by=actor if getattr(actor, "pk", None) else None,
+                expires_at=card.expires_at,
+                state=Card.State.GIFTED,
+            )
+            for la, amount in zip(ledgers, amounts, strict=True)
+        ]
+    )
+    locked = lock_accounts([ledger.id, *(la.id for la in ledgers)])
+    post_legs_locked(
+        legs=[
+            Leg(ledger.id, part.ledger_account_id, amount, Transfer.Kind.CARD_SPLIT, f"card:{part.id}:split")
+            for part, amount in zip(parts, amounts, strict=True)
+        ],
+        locked=locked,
+        actor=actor,
+    )
+    for part in parts:
+        part.ledger_account = locked[part.ledger_account_id]
+    code_expiry = now + timedelta(days=GIFT_CODE_VALID_DAYS)
+    if card.expires_at and card.expires_at < code_expiry:
+        code_expiry = card.expires_at
+    return [(part, _new_code(part, expires_at=code_expiry)) for part in parts]
+
+
+def card_split(*, card_id: int, account: Account, parts: list[int], actor=None) -> list[tuple[Card, str]]:
+    """Split an owned, active card into new unredeemed parts of ``parts`` micro-hours each, each with
+    a new code (returned once); the parts keep the card's restrictions and expiry.
+
+    Locks the card and its ledger account, so concurrent splits never take more than it holds.
+    Raises NotFound, ValidationFailed (not splittable, too many parts, a part below the minimum,
+    more than remains, expired).
+    """
+    if not isinstance(parts, list) or not parts:
+        raise ValidationFailed("Give the parts as a list of hours.", fields={"parts": "required"})
+    for amount in parts:
+        _hours_micros(amount, "parts")
+        if amount < settings.CARD_MIN_PART_MICROS:
+            raise ValidationFailed(
+                f"Each part needs at least {settings.CARD_MIN_PART_MICROS / 1e6:g} hours.",
+                fields={"parts": "too small"},
+            )
+    now = db_now()
+    with transaction.atomic():
+        card, ledger = _owned_card_locked(card_id, account)
+        _require_usable(card, now)
+        if not card.splittable:
+            raise ValidationFailed("This card cannot be split.", code="not_splittable")
+        made = Card.objects.filter(parent=card).exclude(state=Card.State.REVOKED).count()
+        if made + len(parts) > card.max_parts:
+            raise ValidationFailed(
+                f"This card can be split into at most {card.max_parts} parts.", fields={"parts": "too many"}
+            )
+        if sum(parts) > ledger.balance_micros:
+            raise ValidationFailed(
+                "The parts add up to more than the card holds.", fields={"parts": "too much"}
+            )
+        return _make_parts(card=card, ledger=ledger, amounts=parts, actor=actor, now=now)
+
+
+def card_gift(*, card_id: int, account: Account, actor=None) -> tuple[Card, str]:
+    """Give away everything a card holds: a new unredeemed part with a code (returned once). The
+    card stays, empty, as its parent, so revoking the gift brings the hours back. Locks as split."""
+    now = db_now()
+    with transaction.atomic():
+        card, ledger = _owned_card_locked(card_id, account)
+        _require_usable(card, now)
+        if ledger.balance_micros <= 0:
+            raise ValidationFailed("This card is empty.", code="card_empty")
+        ((part, code),) = _make_parts(
+            card=card, ledger=ledger, amounts=[ledger.balance_micros], actor=actor, now=now
+        )
+        return part, code
+
+
+def _require_usable(card: Card, now: datetime) -> None:
+    if card.state != Card.State.ACTIVE or (card.expires_at and card.expires_at <= now):
+        raise ValidationFailed("This card is not active.", code="card_inactive")
+
+
+def _return_to_parent_locked(part: Card, *, kind: str, now: datetime, actor=None) -> None:
+    """Move an unredeemed part's hours back to its parent (or to expiry when the parent is no longer
+    valid) and retire it and its codes. Caller holds the part's row lock."""
+    parent = Card.objects.select_for_update().get(id=part.parent_id)
+    parent_valid = parent.state == Card.State.ACTIVE and not (parent.expires_at and parent.expires_at <= now)
+    target = (
+        parent.ledger_account_id
+        if parent_valid
+        else system_account(kind=LedgerAccount.Kind.CARD_EXPIRY, unit=CARD_UNIT).id
+    )
+    locked = lock_accounts([part.ledger_account_id, target])
+    amount = locked[part.ledger_account_id].balance_micros
+    if amount > 0:
+        post_legs_locked(
+            legs=[Leg(part.ledger_account_id, target, amount, kind, f"card:{part.id}:{kind}")],
+            locked=locked,
+            actor=actor,
+        )
+    part.state = Card.State.REVOKED if kind == Transfer.Kind.CARD_REVOKE else Card.State.EXPIRED
+    part.save(update_fields=["state"])
+    InviteCode.objects.filter(card=part, used_at__isnull=True, revoked_at__isnull=True).update(revoked_at=now)
+
+
+def card_revoke(*, card_id: int, account: Account, actor=None) -> Card:
+    """Withdraw an unredeemed part made from one of ``account``'s cards: its hours go back to the
+    parent (to expiry, if the parent has expired) and its code stops working. Locks the part, the
+    parent, then the ledger accounts. Raises NotFound, Conflict (already redeemed or retired)."""
+    now = db_now()
+    with transaction.atomic():
+        part = Card.objects.select_for_update().filter(id=card_id, parent__owner=account).first()
+        if part is None:
+            raise NotFound("No such card.")
+        if part.state != Card.State.GIFTED:
+            raise Conflict("Only a part nobody has redeemed yet can be revoked.", code="card_not_revocable")
+        _return_to_parent_locked(part, kind=Transfer.Kind.CARD_REVOKE, now=now, actor=actor)
+    return part
+
+
+def card_expire(*, now: datetime | None = None) -> int:
+    """Retire what has expired by ``now`` (default: the database clock): an unredeemed gifted part
+    whose code expired goes back to its parent while the parent is valid; the remainder of an expired
+    card goes to the ``card_expiry`` account. Idempotent; one transaction per card. Returns cards done."""
+    now = now or db_now()
+    done = 0
+    gift_ids = list(
+        InviteCode.objects.filter(
+            expires_at__lte=now, used_at__isnull=True, revoked_at__isnull=True, card__state=Card.State.GIFTED
+        ).values_list("card_id", flat=True)
+    )
+    for card_id in gift_ids:
+        with transaction.atomic():
+            part = Card.objects.select_for_update().filter(id=card_id, state=Card.State.GIFTED).first()
+            if part:
+                _return_to_parent_locked(part, kind=Transfer.Kind.CARD_EXPIRE, now=now)
+                done += 1
+    expired_ids = list(
+        Card.objects.filter(
+            expires_at__lte=now, state__in=[Card.State.ACTIVE, Card.State.GIFTED, Card.State.UNREDEEMED]
+        )
+        .order_by("-parent_id", "id")
+        .values_list("id", flat=True)
+    )
+    sink = system_account(kind=LedgerAccount.Kind.CARD_EXPIRY, unit=CARD_UNIT)
+    for card_id in expired_ids:
+        with transaction.atomic():
+            card = Card.objects.select_for_update().filter(id=card_id, expires_at__lte=now).first()
+            if card is None or card.state in (Card.State.EXPIRED, Card.State.REVOKED):
+                continue
+            locked = lock_accounts([card.ledger_account_id, sink.id])
+            amount = locked[card.ledger_account_id].balance_micros
+            if amount > 0:
+                post_legs_locked(
+                    legs=[
+                        Leg(
+                            card.ledger_account_id,
+                            sink.id,
+                            amount,
+                            Transfer.Kind.CARD_EXPIRE,
+                            f"card:{card.id}:expire",
+                        )
+                    ],
+                    locked=locked,
+                )
+            card.state = Card.State.EXPIRED
+            card.save(update_fields=["state"])
+            InviteCode.objects.filter(card=card, used_at__isnull=True, revoked_at__isnull=True).update(
+                revoked_at=now
+            )
+            done += 1
+    return done
+
+
+def card_remind(*, now: datetime | None = None) -> int:
+    """Leave one notification 7 days and one 1 day before an active card with hours left expires.
+    Idempotent (a unique dedupe key per card and lead time). Returns notifications made."""
+    now = now or db_now()
+    made = 0
+    for days in (7, 1):
+        cards = Card.objects.filter(
+            state=Card.State.ACTIVE,
+            owner__isnull=False,
+            ledger_account__balance_micros__gt=0,
+            expires_at__gt=now,
+            expires_at__lte=now + timedelta(days=days),
+        ).select_related("ledger_account")
+        for card in cards:
+            hours = card.ledger_account.balance_micros / 1e6
+            _, created = Notification.objects.get_or_create(
+                dedupe_key=f"card:{card.id}:expiry:{days}d",
+                defaults={
+                    "account_id": card.owner_id,
+                    "kind": "card_expiry",
+                    "message": f"Your compute card #{card.id} with {hours:.2f} h left expires in under "
+                    f"{days} day{'s' if days > 1 else ''}.",
+                },
+            )
+            made += created
+    return made
+
+
+def card_daily_grant(*, user, account: Account, day: str) -> Card | None:
+    """The daily-activity grant (off unless CARD_DAILY_GRANT_MICROS > 0): one one-day card per user per
+    ``day`` (ISO date), issued and redeemed at once. Idempotent per user and day."""
+    hours = settings.CARD_DAILY_GRANT_MICROS
+    if hours <= 0:
+        return None
+    label = f"daily grant {day}"
+    existing = Card.objects.filter(batch__label=label, redeemed_by=user).first()
+    if existing:
+        return existing
+    _, (code,) = card_batch_issue(hours_micros=hours, count=1, valid_days=1, max_parts=0, label=label)
+    return card_redeem(user=user, account=account, code=code)

@@ -1,0 +1,243 @@
+"""The double-entry ledger: every balance change is one transfer with an idempotency key.
+
+Locks: the two ledger accounts of a transfer are locked with ``select_for_update`` in id order, so
+concurrent transfers never deadlock. A replayed idempotency key returns the first transfer and moves
+nothing, also when the two attempts race (the key is checked again under the locks, and the unique
+constraint catches the rest).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+
+from billing.audit import audit_record
+from billing.errors import InsufficientFunds, ValidationFailed
+from billing.models import Account, Entry, LedgerAccount, Transfer
+
+Kind = LedgerAccount.Kind
+
+
+def money_unit() -> str:
+    return settings.SITE_CURRENCY
+
+
+def system_account(*, kind: str, unit: str | None = None) -> LedgerAccount:
+    """The one system ledger account of ``kind`` in ``unit`` (created on first use)."""
+    unit = unit or money_unit()
+    found = LedgerAccount.objects.filter(kind=kind, unit=unit, owner__isnull=True).first()
+    if found:
+        return found
+    try:
+        with transaction.atomic():
+            return LedgerAccount.objects.create(kind=kind, unit=unit, owner=None)
+    except IntegrityError:
+        return LedgerAccount.objects.get(kind=kind, unit=unit, owner__isnull=True)
+
+
+def owned_account(*, account: Account, kind: str) -> LedgerAccount:
+    """The account's wallet or overdraft in the site currency (created on first use)."""
+    unit = money_unit()
+    found = LedgerAccount.objects.filter(kind=kind, unit=unit, owner=account).first()
+    if found:
+        return found
+    try:
+        with transaction.atomic():
+            return LedgerAccount.objects.create(kind=kind, unit=unit, owner=account)
+    except IntegrityError:
+        return LedgerAccount.objects.get(kind=kind, unit=unit, owner=account)
+
+
+def wallet_for(*, account: Account) -> LedgerAccount:
+    return owned_account(account=account, kind=Kind.WALLET)
+
+
+def overdraft_for(*, account: Account) -> LedgerAccount:
+    return owned_account(account=account, kind=Kind.OVERDRAFT)
+
+
+@dataclass(frozen=True)
+class Leg:
+    """One transfer to post: ``amount_micros`` from ``debit_id`` to ``credit_id``."""
+
+    debit_id: int
+    credit_id: int
+    amount_micros: int
+    kind: str
+    idempotency_key: str
+    memo: str = ""
+    meter_id: int | None = None
+
+
+def lock_accounts(ids: set[int] | list[int]) -> dict[int, LedgerAccount]:
+    """Lock ledger accounts in id order (the one lock order of the ledger). Call inside a transaction."""
+    return {
+        la.id: la for la in LedgerAccount.objects.select_for_update().filter(id__in=set(ids)).order_by("id")
+    }
+
+
+def _check_amount(amount_micros: object) -> int:
+    if isinstance(amount_micros, bool) or not isinstance(amount_micros, int):
+        raise ValidationFailed(
+            "The amount must be a whole number of micro-units.", fields={"amount_micros": "not an integer"}
+        )
+    if amount_micros <= 0:
+        raise ValidationFailed("The amount must be more than zero.", fields={"amount_micros": "must be > 0"})
+    return amount_micros
+
+
+def post_legs_locked(*, legs: list[Leg], locked: dict[int, LedgerAccount], actor=None) -> list[Transfer]:
+    """Post ``legs`` on already locked accounts (see ``lock_accounts``), in order; skip zero amounts.
+
+    Raises InsufficientFunds when a wallet or card would go below zero (nothing is saved: the caller's
+    transaction rolls back), ValidationFailed when the two sides are in different units.
+    """
+    transfers: list[Transfer] = []
+    entries: list[Entry] = []
+    touched: dict[int, LedgerAccount] = {}
+    for leg in legs:
+        if leg.amount_micros == 0:
+            continue
+        _check_amount(leg.amount_micros)
+        debit, credit = locked[leg.debit_id], locked[leg.credit_id]
+        if debit.unit != credit.unit:
+            raise ValidationFailed("The two sides of a transfer must be in the same unit.")
+        if debit.kind in LedgerAccount.FLOOR_ZERO and debit.balance_micros < leg.amount_micros:
+            raise InsufficientFunds("Not enough funds for this transfer.")
+        if credit.kind in LedgerAccount.CEILING_ZERO and credit.balance_micros + leg.amount_micros > 0:
+            raise ValidationFailed("An overdraft cannot be paid back beyond zero.")
+        debit.balance_micros -= leg.amount_micros
+        credit.balance_micros += leg.amount_micros
+        transfer = Transfer(
+            debit=debit,
+            credit=credit,
+            amount_micros=leg.amount_micros,
+            unit=debit.unit,
+            kind=leg.kind,
+            memo=leg.memo[:200],
+            actor=actor if getattr(actor, "pk", None) else None,
+            meter_id=leg.meter_id,
+            idempotency_key=leg.idempotency_key,
+        )
+        transfers.append(transfer)
+        entries.append(
+            Entry(
+                transfer=transfer,
+                account=debit,
+                amount_micros=-leg.amount_micros,
+                balance_after_micros=debit.balance_micros,
+            )
+        )
+        entries.append(
+            Entry(
+                transfer=transfer,
+                account=credit,
+                amount_micros=leg.amount_micros,
+                balance_after_micros=credit.balance_micros,
+            )
+        )
+        touched[debit.id] = debit
+        touched[credit.id] = credit
+    if not transfers:
+        return []
+    Transfer.objects.bulk_create(transfers)
+    Entry.objects.bulk_create(entries)
+    for la in touched.values():
+        la.version += 1
+    LedgerAccount.objects.bulk_update(list(touched.values()), ["balance_micros", "version"])
+    return transfers
+
+
+def transfer_post(
+    *,
+    debit: LedgerAccount,
+    credit: LedgerAccount,
+    amount_micros: int,
+    kind: str,
+    idempotency_key: str,
+    memo: str = "",
+    actor=None,
+) -> Transfer:
+    """Move ``amount_micros`` from ``debit`` to ``credit`` exactly once per ``idempotency_key``.
+
+    Locks both ledger accounts (id order). Replaying the key returns the original transfer and moves
+    nothing. Raises ValidationFailed (bad amount, unit mismatch), InsufficientFunds (a wallet or card
+    would go below zero).
+    """
+    _check_amount(amount_micros)
+    if not idempotency_key:
+        raise ValidationFailed("A transfer needs an idempotency key.")
+    existing = Transfer.objects.filter(idempotency_key=idempotency_key).first()
+    if existing:
+        return existing
+    try:
+        with transaction.atomic():
+            locked = lock_accounts([debit.id, credit.id])
+            existing = Transfer.objects.filter(idempotency_key=idempotency_key).first()
+            if existing:
+                return existing
+            leg = Leg(debit.id, credit.id, amount_micros, kind, idempotency_key, memo)
+            (transfer,) = post_legs_locked(legs=[leg], locked=locked, actor=actor)
+    except IntegrityError:
+        existing = Transfer.objects.filter(idempotency_key=idempotency_key).first()
+        if existing is None:
+            raise
+        return existing
+    debit.refresh_from_db(fields=["balance_micros", "version"])
+    credit.refresh_from_db(fields=["balance_micros", "version"])
+    return transfer
+
+
+def wallet_adjust(
+    *, account: Account, amount_micros: int, actor, reason: str, idempotency_key: str
+) -> Transfer:
+    """An admin's correction of a wallet: positive credits it, negative debits it (not below zero).
+
+    Needs a reason; writes an audit row in the same transaction. Idempotent by key. Raises
+    ValidationFailed (no reason, zero or non-integer amount), InsufficientFunds.
+    """
+    if not (reason or "").strip():
+        raise ValidationFailed("An adjustment needs a reason.", fields={"reason": "required"})
+    if isinstance(amount_micros, bool) or not isinstance(amount_micros, int) or amount_micros == 0:
+        raise ValidationFailed("The adjustment must be a non-zero whole number of micro-units.")
+    wallet = wallet_for(account=account)
+    pool = system_account(kind=Kind.ADJUSTMENTS)
+    debit, credit = (pool, wallet) if amount_micros > 0 else (wallet, pool)
+    key = f"adjust:{idempotency_key}"
+    with transaction.atomic():
+        locked = lock_accounts([wallet.id, pool.id])
+        existing = Transfer.objects.filter(idempotency_key=key).first()
+        if existing:
+            return existing
+        before = locked[wallet.id].balance_micros
+        (transfer,) = post_legs_locked(
+            legs=[Leg(debit.id, credit.id, abs(amount_micros), Transfer.Kind.ADJUSTMENT, key, reason[:200])],
+            locked=locked,
+            actor=actor,
+        )
+        audit_record(
+            actor=actor,
+            action="wallet.adjust",
+            target=wallet,
+            before={"balance_micros": before},
+            after={"balance_micros": locked[wallet.id].balance_micros},
+            reason=reason,
+        )
+    return transfer
+
+
+def overdraft_recover_locked(
+    *, account_id: int, locked: dict[int, LedgerAccount], key: str
+) -> Transfer | None:
+    """Pay the account's overdraft back from its wallet as far as the wallet allows (accounts locked)."""
+    wallet = next(la for la in locked.values() if la.owner_id == account_id and la.kind == Kind.WALLET)
+    overdraft = next(la for la in locked.values() if la.owner_id == account_id and la.kind == Kind.OVERDRAFT)
+    amount = min(wallet.balance_micros, -overdraft.balance_micros)
+    if amount <= 0:
+        return None
+    legs = [
+        Leg(wallet.id, overdraft.id, amount, Transfer.Kind.OVERDRAFT_RECOVERY, key, "overdraft recovered")
+    ]
+    return post_legs_locked(legs=legs, locked=locked)[0]

@@ -1,0 +1,499 @@
+"""Metering: per-second billing of running sessions from the database clock.
+
+A meter bills whole seconds from ``started_at`` up to min(now, ``alive_until``) (the last time the
+agent confirmed the workload alive). The tick is set-based: one UPDATE accrues every open meter; the
+meters due for a posting (at most one per meter per ``BILLING_POSTING_INTERVAL_SECONDS``) are
+posted with a handful of bulk statements: cards burn first (cards restricted to the session's GPU
+model, then earliest expiry, then oldest), then the wallet, and any overshoot goes to the account's
+overdraft. Watermarks and postings commit in one transaction, and every posting's idempotency key
+is derived from the meter id and its watermark, so a worker killed halfway loses and repeats nothing.
+
+Lock order: meters (id order, ``SKIP LOCKED`` in the tick, so it never waits on a meter), then ledger
+accounts (id order). One tick runs at a time (a transaction-scoped advisory lock).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from django.conf import settings
+from django.db import connection, transaction
+
+from billing import signals
+from billing.errors import Conflict, InsufficientFunds, NotFound, ValidationFailed
+from billing.models import CARD_UNIT, Account, LedgerAccount, Meter, Transfer
+from billing.selectors import account_funds
+from billing.services.ledger import money_unit, overdraft_for, system_account, wallet_for
+from billing.services.pricing import PriceQuote
+
+TICK_LOCK_KEY = 0x5A11B111  # pg advisory lock: one metering tick at a time
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class MeterCost:
+    charged_micros: int  # money posted (wallet + overdraft)
+    accrued_micros: int  # money-equivalent of seconds billed but not yet posted
+    card_micros: int  # card-hour micros burned from cards
+    wallet_micros: int  # money from the wallet
+    overdraft_micros: int  # money that went to the overdraft
+    billed_seconds: int
+
+
+@dataclass(frozen=True)
+class TickResult:
+    accrued_meters: int
+    posted_meters: int
+    transfers: int
+    exhausted_session_refs: list[str]
+
+
+def db_now() -> datetime:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT clock_timestamp()")
+        return cursor.fetchone()[0]
+
+
+def _cost(rate_per_hour: int, seconds: int) -> int:
+    return rate_per_hour * seconds // 3600
+
+
+# --- the interface the provisioner calls --------------------------------------------------------------
+
+
+def account_can_launch(*, account: Account, quote: PriceQuote, gpu_model: str) -> None:
+    """Raise InsufficientFunds unless cards usable for ``gpu_model`` plus the wallet cover
+    ``BILLING_ADMISSION_MINUTES`` at ``quote`` (accruals not yet posted count as spent). Reads only."""
+    funds = account_funds(account=account, gpu_model=gpu_model)
+    need_seconds = settings.BILLING_ADMISSION_MINUTES * 60
+    if quote.price_micros_per_hour == 0:
+        return
+    card_seconds = (
+        funds.cards_micros * 3600 // quote.card_burn_micros_per_hour if quote.card_burn_micros_per_hour else 0
+    )
+    money = funds.money_micros - funds.accrued_micros
+    wallet_seconds = money * 3600 // quote.price_micros_per_hour if money > 0 else 0
+    if card_seconds + wallet_seconds < need_seconds:
+        raise InsufficientFunds(
+            f"Not enough funds: this launch needs at least {settings.BILLING_ADMISSION_MINUTES} minutes of "
+            "credit on a compute card or in the wallet."
+        )
+
+
+def meter_open(
+    *,
+    account: Account,
+    session_ref: str,
+    gpu_model: str,
+    profile: str,
+    quote: PriceQuote,
+    started_at: datetime,
+) -> Meter:
+    """Open the meter of one session at ``quote``'s price; billing starts at ``started_at`` but goes no
+    further than the agent's last ``meter_alive``. Idempotent by ``session_ref`` (a second call returns
+    the first meter); raises Conflict when that ref already belongs to another account."""
+    if not session_ref:
+        raise ValidationFailed("A meter needs a session reference.")
+    wallet_for(account=account)
+    overdraft_for(account=account)
+    with transaction.atomic():
+        meter, created = Meter.objects.get_or_create(
+            session_ref=session_ref,
+            defaults={
+                "account": account,
+                "gpu_model": gpu_model,
+                "profile": profile,
+                "price_id": quote.price_id,
+                "price_micros_per_hour": quote.price_micros_per_hour,
+                "card_burn_micros_per_hour": quote.card_burn_micros_per_hour,
+                "started_at": started_at,
+                "alive_until": started_at,
+                "billed_until": started_at,
+            },
+        )
+    if not created and meter.account_id != account.id:
+        raise Conflict("This session is metered on another account.")
+    return meter
+
+
+def meter_alive(*, session_refs: list[str], alive_at: datetime) -> int:
+    """Extend the billable window of these open meters to ``alive_at`` (never backwards). Locks the meters
+    in id order. Returns how many moved."""
+    if not session_refs:
+        return 0
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            """
+            WITH target AS (
+                SELECT id FROM billing_meter
+                WHERE session_ref = ANY(%s) AND state = 'open' AND alive_until < %s
+                ORDER BY id FOR UPDATE
+            )
+            UPDATE billing_meter m SET alive_until = %s FROM target WHERE m.id = target.id
+            """,
+            [list(session_refs), alive_at, alive_at],
+        )
+        return cursor.rowcount
+
+
+def meter_close(*, session_ref: str, ended_at: datetime) -> Meter:
+    """Bill the session up to min(``ended_at``, last alive) and post everything still accrued; close it.
+
+    Idempotent: closing a closed meter returns it unchanged. Locks the meter, then its ledger accounts.
+    Raises NotFound for an unknown ref.
+    """
+    with transaction.atomic():
+        meter = Meter.objects.select_for_update().filter(session_ref=session_ref).first()
+        if meter is None:
+            raise NotFound("No such meter.")
+        if meter.state == Meter.State.CLOSED:
+            return meter
+        end = max(min(ended_at, meter.alive_until), meter.started_at)
+        meter.billed_seconds = max(meter.billed_seconds, int((end - meter.started_at).total_seconds()))
+        meter.billed_until = meter.started_at + timedelta(seconds=meter.billed_seconds)
+        meter.state = Meter.State.CLOSED
+        meter.ended_at = ended_at
+        meter.save(update_fields=["billed_seconds", "billed_until", "state", "ended_at"])
+        _post([_row(meter)], now=db_now())
+        meter.refresh_from_db()
+    return meter
+
+
+def meter_cost(*, session_ref: str) -> MeterCost:
+    """What a session has cost so far, split by source. Reads only; raises NotFound."""
+    meter = Meter.objects.filter(session_ref=session_ref).first()
+    if meter is None:
+        raise NotFound("No such meter.")
+    by_kind = {"card": 0, "wallet": 0, "overdraft": 0}
+    for kind, amount in Transfer.objects.filter(meter=meter).values_list("debit__kind", "amount_micros"):
+        by_kind[kind] += amount
+    return MeterCost(
+        charged_micros=meter.charged_micros,
+        accrued_micros=meter.accrued_micros,
+        card_micros=by_kind["card"],
+        wallet_micros=by_kind["wallet"],
+        overdraft_micros=by_kind["overdraft"],
+        billed_seconds=meter.billed_seconds,
+    )
+
+
+# --- the tick -----------------------------------------------------------------------------------------
+
+_ACCRUE_SQL = """
+WITH mine AS (
+    SELECT id FROM billing_meter WHERE state = 'open' ORDER BY id FOR UPDATE SKIP LOCKED
+), calc AS (
+    SELECT m.id, GREATEST(
+        m.billed_seconds,
+        floor(extract(epoch FROM (LEAST(%(now)s, m.alive_until) - m.started_at)))::bigint
+    ) AS secs
+    FROM billing_meter m JOIN mine USING (id)
+)
+UPDATE billing_meter m SET
+    billed_seconds = calc.secs,
+    billed_until = m.started_at + make_interval(secs => calc.secs::double precision),
+    accrued_micros = m.price_micros_per_hour * calc.secs / 3600
+                   - m.price_micros_per_hour * m.posted_seconds / 3600
+FROM calc WHERE m.id = calc.id AND calc.secs > m.billed_seconds
+"""
+
+_DUE_SQL = """
+SELECT id, account_id, gpu_model, price_micros_per_hour, card_burn_micros_per_hour,
+       billed_seconds, posted_seconds, card_seconds, wallet_seconds
+FROM billing_meter
+WHERE state = 'open' AND billed_seconds > posted_seconds
+  AND COALESCE(last_posted_at, started_at) <= %(now)s - make_interval(secs => %(interval)s)
+ORDER BY id FOR UPDATE SKIP LOCKED
+"""
+
+_RUNWAY_SQL = """
+WITH om AS (
+    SELECT account_id, sum(price_micros_per_hour) AS price, sum(card_burn_micros_per_hour) AS burn,
+           sum(accrued_micros) AS accrued, array_agg(session_ref ORDER BY id) AS refs,
+           array_agg(DISTINCT gpu_model) AS models,
+           bool_or(runway_warned_at IS NULL) AS unwarned,
+           bool_or(exhausted_at IS NULL OR exhausted_at <= %(now)s - interval '60 seconds') AS unsignalled
+    FROM billing_meter WHERE state = 'open' GROUP BY account_id
+), funds AS (
+    SELECT om.account_id,
+           COALESCE(sum(la.balance_micros) FILTER (WHERE la.kind IN ('wallet', 'overdraft')), 0) AS money,
+           COALESCE(sum(la.balance_micros) FILTER (WHERE la.kind = 'card'), 0) AS cards
+    FROM om
+    JOIN billing_ledgeraccount la ON la.owner_id = om.account_id
+    LEFT JOIN billing_card c ON c.ledger_account_id = la.id
+    WHERE (la.kind IN ('wallet', 'overdraft') AND la.unit = %(unit)s)
+       OR (la.kind = 'card' AND la.balance_micros > 0 AND c.state = 'active'
+           AND (c.expires_at IS NULL OR c.expires_at > %(now)s)
+           AND (c.gpu_models = '[]'::jsonb OR c.gpu_models ?| om.models))
+    GROUP BY om.account_id
+), runway AS (
+    SELECT om.account_id, om.refs, om.unwarned, om.unsignalled,
+           (CASE WHEN om.burn > 0 THEN COALESCE(f.cards, 0) * 3600 / om.burn ELSE 0 END)
+           + (COALESCE(f.money, 0) - om.accrued) * 3600 / om.price AS seconds
+    FROM om LEFT JOIN funds f USING (account_id)
+    WHERE om.price > 0
+)
+SELECT account_id, refs, seconds, unwarned, unsignalled FROM runway WHERE seconds <= %(warn)s
+"""
+
+
+def metering_tick(*, now: datetime | None = None) -> TickResult:
+    """Accrue every open meter up to ``now`` (default: the database clock) and post those due.
+
+    Idempotent and safe to run from several workers: one tick at a time (advisory lock; a tick that
+    finds it taken returns at once), meters locked by a concurrent ``meter_close`` are left to the next
+    tick. Sends ``runway_low`` and ``funds_exhausted`` after commit.
+    """
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [TICK_LOCK_KEY])
+        if not cursor.fetchone()[0]:
+            return TickResult(0, 0, 0, [])
+        if now is None:
+            cursor.execute("SELECT clock_timestamp()")
+            now = cursor.fetchone()[0]
+        cursor.execute(_ACCRUE_SQL, {"now": now})
+        accrued = cursor.rowcount
+        cursor.execute(_DUE_SQL, {"now": now, "interval": float(settings.BILLING_POSTING_INTERVAL_SECONDS)})
+        columns = [c.name for c in cursor.description]
+        due = [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]
+        transfers = _post(due, now=now) if due else 0
+        exhausted = _signal_runway(cursor, now)
+    return TickResult(accrued, len(due), transfers, exhausted)
+
+
+def _row(meter: Meter) -> dict:
+    return {
+        "id": meter.id,
+        "account_id": meter.account_id,
+        "gpu_model": meter.gpu_model,
+        "price_micros_per_hour": meter.price_micros_per_hour,
+        "card_burn_micros_per_hour": meter.card_burn_micros_per_hour,
+        "billed_seconds": meter.billed_seconds,
+        "posted_seconds": meter.posted_seconds,
+        "card_seconds": meter.card_seconds,
+        "wallet_seconds": meter.wallet_seconds,
+    }
+
+
+def _post(meters: list[dict], *, now: datetime) -> int:
+    """Post ``meters`` (locked by the caller) up to their ``billed_seconds``, in bulk. Returns transfers."""
+    unit = money_unit()
+    revenue = system_account(kind=LedgerAccount.Kind.REVENUE, unit=unit)
+    burned = system_account(kind=LedgerAccount.Kind.CARD_BURN, unit=CARD_UNIT)
+    account_ids = sorted({m["account_id"] for m in meters})
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO billing_ledgeraccount (kind, owner_id, unit, balance_micros, version, created_at)
+            SELECT k.kind, a.id, %s, 0, 0, now()
+            FROM unnest(%s::bigint[]) AS a(id) CROSS JOIN (VALUES ('wallet'), ('overdraft')) AS k(kind)
+            ON CONFLICT DO NOTHING
+            """,
+            [unit, account_ids],
+        )
+        cursor.execute(
+            """
+            SELECT la.id, la.kind, la.owner_id, la.balance_micros, c.gpu_models, c.expires_at
+            FROM billing_ledgeraccount la LEFT JOIN billing_card c ON c.ledger_account_id = la.id
+            WHERE la.id = ANY(%(system)s)
+               OR (la.owner_id = ANY(%(accounts)s) AND (
+                    (la.kind IN ('wallet', 'overdraft') AND la.unit = %(unit)s)
+                 OR (la.kind = 'card' AND la.balance_micros > 0 AND c.state = 'active'
+                     AND (c.expires_at IS NULL OR c.expires_at > %(now)s))))
+            ORDER BY la.id FOR UPDATE OF la
+            """,
+            {"system": [revenue.id, burned.id], "accounts": account_ids, "unit": unit, "now": now},
+        )
+        balance: dict[int, int] = {}
+        wallet: dict[int, int] = {}
+        overdraft: dict[int, int] = {}
+        cards: dict[int, list[tuple]] = {}
+        for la_id, kind, owner_id, bal, models, expires_at in cursor.fetchall():
+            balance[la_id] = bal
+            if kind == "wallet":
+                wallet[owner_id] = la_id
+            elif kind == "overdraft":
+                overdraft[owner_id] = la_id
+            elif kind == "card":
+                cards.setdefault(owner_id, []).append((la_id, models or [], expires_at))
+
+        legs: list[tuple] = []  # (debit, credit, amount, unit, kind, key, meter_id)
+        meter_updates: list[tuple] = []
+        for m in meters:
+            debit_sources = _allocate(m, cards.get(m["account_id"], []), balance)
+            card_s0, wallet_s0 = m["card_seconds"], m["wallet_seconds"]
+            card_s = card_s0
+            base = f"meter:{m['id']}:{m['posted_seconds']}-{m['billed_seconds']}"
+            for la_id, seconds in debit_sources:
+                amount = _cost(m["card_burn_micros_per_hour"], card_s + seconds) - _cost(
+                    m["card_burn_micros_per_hour"], card_s
+                )
+                card_s += seconds
+                if amount:
+                    balance[la_id] -= amount
+                    balance[burned.id] += amount
+                    legs.append(
+                        (la_id, burned.id, amount, CARD_UNIT, "card_burn", f"{base}:card:{la_id}", m["id"])
+                    )
+            wallet_s = wallet_s0 + (m["billed_seconds"] - m["posted_seconds"]) - (card_s - card_s0)
+            price = m["price_micros_per_hour"]
+            money = _cost(price, wallet_s) - _cost(price, wallet_s0)
+            w_id, o_id = wallet[m["account_id"]], overdraft[m["account_id"]]
+            from_wallet = min(money, balance[w_id])
+            for la_id, amount, source in (
+                (w_id, from_wallet, "wallet"),
+                (o_id, money - from_wallet, "overdraft"),
+            ):
+                if amount:
+                    balance[la_id] -= amount
+                    balance[revenue.id] += amount
+                    legs.append((la_id, revenue.id, amount, unit, "usage", f"{base}:{source}", m["id"]))
+            meter_updates.append(
+                (
+                    m["id"],
+                    m["billed_seconds"],
+                    card_s,
+                    wallet_s,
+                    _cost(price, wallet_s),
+                    _cost(m["card_burn_micros_per_hour"], card_s),
+                )
+            )
+        if legs:
+            _write_legs(cursor, legs)
+        cursor.execute(
+            """
+            UPDATE billing_meter m SET posted_seconds = v.posted, card_seconds = v.card_s,
+                wallet_seconds = v.wallet_s, charged_micros = v.charged, card_charged_micros = v.card_charged,
+                accrued_micros = m.price_micros_per_hour * m.billed_seconds / 3600 - v.charged_total,
+                last_posted_at = %s
+            FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[],
+                        %s::bigint[])
+                 AS v(id, posted, card_s, wallet_s, charged, card_charged, charged_total)
+            WHERE m.id = v.id
+            """,
+            [now, *_columns(meter_updates, meters)],
+        )
+    return len(legs)
+
+
+def _columns(meter_updates: list[tuple], meters: list[dict]) -> list[list[int]]:
+    prices = {m["id"]: m["price_micros_per_hour"] for m in meters}
+    rows = [(*u, _cost(prices[u[0]], u[1])) for u in meter_updates]
+    return [list(column) for column in zip(*rows, strict=True)]
+
+
+def _allocate(meter: dict, account_cards: list[tuple], balance: dict[int, int]) -> list[tuple[int, int]]:
+    """Which cards pay how many of the meter's unposted seconds, in burn order.
+
+    Reads ``balance``; the caller subtracts what it posts, so the next meter of the account sees the rest.
+    """
+    burn = meter["card_burn_micros_per_hour"]
+    remaining = meter["billed_seconds"] - meter["posted_seconds"]
+    if burn <= 0 or remaining <= 0 or not account_cards:
+        return []
+    model = meter["gpu_model"]
+    usable = [c for c in account_cards if not c[1] or model in c[1]]
+    # restricted to this model first, then earliest expiry (no expiry last), then oldest
+    usable.sort(key=lambda c: (0 if c[1] else 1, c[2] is None, c[2] or _EPOCH, c[0]))
+    card_s = meter["card_seconds"]
+    taken: list[tuple[int, int]] = []
+    for la_id, _models, _expires in usable:
+        if remaining <= 0:
+            break
+        held = balance[la_id]
+        if held <= 0:
+            continue
+        spent_before = _cost(burn, card_s)
+        # the most whole seconds whose cumulative cost stays within what this card holds
+        most = ((held + spent_before + 1) * 3600 - 1) // burn - card_s
+        seconds = min(remaining, most)
+        if seconds <= 0:
+            continue
+        taken.append((la_id, seconds))
+        card_s += seconds
+        remaining -= seconds
+    return taken
+
+
+def _write_legs(cursor, legs: list[tuple]) -> None:
+    debit, credit, amount, unit, kind, key, meter = (list(col) for col in zip(*legs, strict=True))
+    cursor.execute(
+        """
+        INSERT INTO billing_transfer (debit_id, credit_id, amount_micros, unit, kind, memo, idempotency_key,
+                                      meter_id)
+        SELECT d, c, a, u, k, '', key, m
+        FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::text[], %s::text[], %s::text[],
+                    %s::bigint[])
+             AS v(d, c, a, u, k, key, m)
+        RETURNING id, idempotency_key
+        """,
+        [debit, credit, amount, unit, kind, key, meter],
+    )
+    ids = {k: i for i, k in cursor.fetchall()}
+    # entries with running balances, in leg order per account
+    cursor.execute(
+        "SELECT id, balance_micros FROM billing_ledgeraccount WHERE id = ANY(%s)",
+        [sorted(set(debit) | set(credit))],
+    )
+    running = dict(cursor.fetchall())
+    e_transfer, e_account, e_amount, e_after = [], [], [], []
+    for d, c, a, _u, _k, k, _m in legs:
+        for la_id, signed in ((d, -a), (c, a)):
+            running[la_id] += signed
+            e_transfer.append(ids[k])
+            e_account.append(la_id)
+            e_amount.append(signed)
+            e_after.append(running[la_id])
+    cursor.execute(
+        """
+        INSERT INTO billing_entry (transfer_id, account_id, amount_micros, balance_after_micros)
+        SELECT * FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[])
+        """,
+        [e_transfer, e_account, e_amount, e_after],
+    )
+    cursor.execute(
+        """
+        UPDATE billing_ledgeraccount la SET balance_micros = v.balance, version = la.version + 1
+        FROM unnest(%s::bigint[], %s::bigint[]) AS v(id, balance) WHERE la.id = v.id
+        """,
+        [list(running), list(running.values())],
+    )
+
+
+def _signal_runway(cursor, now: datetime) -> list[str]:
+    cursor.execute(
+        _RUNWAY_SQL, {"now": now, "unit": money_unit(), "warn": settings.BILLING_RUNWAY_WARN_SECONDS}
+    )
+    exhausted_refs: list[str] = []
+    low: list[tuple[int, int, list[str]]] = []
+    for account_id, refs, seconds, unwarned, unsignalled in cursor.fetchall():
+        if seconds <= 0:
+            if unsignalled:
+                exhausted_refs += refs
+        elif unwarned:
+            low.append((account_id, int(seconds), refs))
+    if exhausted_refs:
+        # only rows this tick can lock at once: it never waits on a meter (see the lock order above)
+        cursor.execute(
+            "UPDATE billing_meter SET exhausted_at = %s WHERE id IN (SELECT id FROM billing_meter "
+            "WHERE session_ref = ANY(%s) ORDER BY id FOR UPDATE SKIP LOCKED)",
+            [now, exhausted_refs],
+        )
+    if low:
+        cursor.execute(
+            "UPDATE billing_meter SET runway_warned_at = %s WHERE id IN (SELECT id FROM billing_meter "
+            "WHERE state = 'open' AND account_id = ANY(%s) ORDER BY id FOR UPDATE SKIP LOCKED)",
+            [now, [a for a, _s, _r in low]],
+        )
+
+    def send() -> None:
+        for account_id, seconds, refs in low:
+            signals.runway_low.send(
+                sender=Meter, account_id=account_id, runway_seconds=seconds, session_refs=refs
+            )
+        if exhausted_refs:
+            signals.funds_exhausted.send(sender=Meter, session_refs=exhausted_refs)
+
+    transaction.on_commit(send)
+    return exhausted_refs

@@ -1,0 +1,129 @@
+"""Prices and card burn rates: what an hour of a profile on a GPU model costs, in money and card-hours.
+
+A slice without its own price costs its fraction of the whole card (``1/2``, ``1/4``, ``1/8``; a MIG
+profile ``Ng.XXgb`` is N/7 of the card), and burns cards by the same fraction. Prices are versioned by
+``effective_from``; a session keeps the quote it launched with (stored on its meter).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from fractions import Fraction
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models.functions import Now
+
+from billing.audit import audit_record
+from billing.errors import NotFound, ValidationFailed
+from billing.models import CardBurnRate, Price
+
+WHOLE = "whole"
+CPU = "cpu"
+_SLICES = {"whole": Fraction(1), "1/2": Fraction(1, 2), "1/4": Fraction(1, 4), "1/8": Fraction(1, 8)}
+_MIG = re.compile(r"^([1-7])g\.\d+gb$")
+
+
+@dataclass(frozen=True)
+class PriceQuote:
+    price_id: int
+    price_micros_per_hour: int
+    card_burn_micros_per_hour: int
+
+
+def profile_fraction(profile: str) -> Fraction:
+    """The share of a whole card a profile rents. Raises NotFound for an unknown profile."""
+    if profile in _SLICES:
+        return _SLICES[profile]
+    match = _MIG.match(profile)
+    if match:
+        return Fraction(int(match.group(1)), 7)
+    raise NotFound(f"Unknown profile {profile!r}.")
+
+
+def _current(queryset, at: datetime | None):
+    queryset = queryset.filter(effective_from__lte=at) if at else queryset.filter(effective_from__lte=Now())
+    return queryset.order_by("-effective_from", "-id").first()
+
+
+def burn_multiplier_milli(*, gpu_model: str, at: datetime | None = None) -> int:
+    rate = _current(CardBurnRate.objects.filter(gpu_model=gpu_model), at)
+    return rate.multiplier_milli if rate else 1000
+
+
+def price_quote(*, gpu_model: str, profile: str, at: datetime | None = None) -> PriceQuote:
+    """The price and card burn of one hour of ``profile`` on ``gpu_model`` at ``at`` (default: now).
+
+    Raises NotFound when neither the profile nor the whole card is priced.
+    """
+    if profile == CPU:
+        price = _current(Price.objects.filter(gpu_model__in=[gpu_model, ""], profile=CPU), at)
+        if price is None:
+            raise NotFound("The cpu profile is not priced.")
+        return PriceQuote(
+            price.id, price.price_micros_per_hour, settings.BILLING_CPU_CARD_BURN_MICROS_PER_HOUR
+        )
+    fraction = profile_fraction(profile)
+    burn = Fraction(burn_multiplier_milli(gpu_model=gpu_model, at=at) * 1000) * fraction
+    own = _current(Price.objects.filter(gpu_model=gpu_model, profile=profile), at)
+    if own is not None:
+        return PriceQuote(own.id, own.price_micros_per_hour, int(burn))
+    whole = _current(Price.objects.filter(gpu_model=gpu_model, profile=WHOLE), at)
+    if whole is None:
+        raise NotFound(f"{gpu_model} {profile} is not priced.")
+    return PriceQuote(whole.id, int(whole.price_micros_per_hour * fraction), int(burn))
+
+
+def price_set(
+    *,
+    gpu_model: str,
+    profile: str,
+    price_micros_per_hour: int,
+    actor=None,
+    reason: str = "",
+    effective_from: datetime | None = None,
+) -> Price:
+    """Add a price version (prices are never edited); writes an audit row. Raises ValidationFailed."""
+    if isinstance(price_micros_per_hour, bool) or not isinstance(price_micros_per_hour, int):
+        raise ValidationFailed("A price is a whole number of micro-units per hour.")
+    if price_micros_per_hour < 0:
+        raise ValidationFailed("A price cannot be negative.")
+    if profile != CPU:
+        profile_fraction(profile)
+    with transaction.atomic():
+        before = _current(Price.objects.filter(gpu_model=gpu_model, profile=profile), None)
+        fields = {"effective_from": effective_from} if effective_from else {}
+        price = Price.objects.create(
+            gpu_model=gpu_model,
+            profile=profile,
+            price_micros_per_hour=price_micros_per_hour,
+            created_by=actor if getattr(actor, "pk", None) else None,
+            **fields,
+        )
+        audit_record(
+            actor=actor,
+            action="price.set",
+            target=price,
+            before={"price_micros_per_hour": before.price_micros_per_hour} if before else None,
+            after={"price_micros_per_hour": price_micros_per_hour},
+            reason=reason,
+        )
+    return price
+
+
+def burn_rate_set(*, gpu_model: str, multiplier_milli: int, actor=None, reason: str = "") -> CardBurnRate:
+    """Add a card burn multiplier version for a GPU model; writes an audit row."""
+    if isinstance(multiplier_milli, bool) or not isinstance(multiplier_milli, int) or multiplier_milli <= 0:
+        raise ValidationFailed("A burn multiplier is a positive whole number of thousandths.")
+    with transaction.atomic():
+        rate = CardBurnRate.objects.create(gpu_model=gpu_model, multiplier_milli=multiplier_milli)
+        audit_record(
+            actor=actor,
+            action="burn_rate.set",
+            target=rate,
+            after={"multiplier_milli": multiplier_milli},
+            reason=reason,
+        )
+    return rate

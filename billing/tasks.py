@@ -1,0 +1,23 @@
+"""Celery tasks of billing: thin and idempotent; each calls one service."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from billing.services.cards import card_expire, card_remind
+from billing.services.metering import metering_tick
+
+
+@shared_task(name="billing.tasks.metering_tick_task", ignore_result=True)
+def metering_tick_task() -> int:
+    return metering_tick().posted_meters
+
+
+@shared_task(name="billing.tasks.card_expire_task", ignore_result=True)
+def card_expire_task() -> int:
+    return card_expire()
+
+
+@shared_task(name="billing.tasks.card_remind_task", ignore_result=True)
+def card_remind_task() -> int:
+    return card_remind()

@@ -1,0 +1,253 @@
+"""The pages of what a student and a team see: dashboard, wallet, cards, launch, sessions, operations.
+
+Views are thin: they pick the account the caller may see (their own, or a team's they belong to), call
+one billing/provisioner selector or service, and render. Fragments (``…/live``) are the same templates'
+parts, polled by ``static/js/live.js`` for live state without reloads.
+"""
+
+from __future__ import annotations
+
+import csv
+from datetime import timedelta
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.db.models import Sum
+from django.db.models.functions import TruncDate
+from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
+from django.shortcuts import redirect, render
+from django.utils import timezone
+from django.utils.translation import gettext as _
+
+from billing import selectors as billing_selectors
+from billing.errors import ApplicationError, ValidationFailed
+from billing.models import Account, Entry, LedgerAccount, Transfer
+from portal.selectors import accounts_payable_by
+
+
+def _account(request: HttpRequest) -> Account:
+    """The account the page is about: ``?account=<id>`` among those the caller may pay with."""
+    wanted = request.GET.get("account") or request.POST.get("account")
+    accounts = accounts_payable_by(user=request.user)
+    if not wanted:
+        return request.user.account
+    for account in accounts:
+        if str(account.pk) == wanted:
+            return account
+    raise Http404
+
+
+def daily_spend(*, account: Account, days: int = 30) -> list[tuple[str, int]]:
+    """Money spent per day (usage postings from wallet and overdraft), oldest first, zero-filled."""
+    since = timezone.localdate() - timedelta(days=days - 1)
+    rows = (
+        Entry.objects.filter(
+            account__owner=account,
+            account__kind__in=[LedgerAccount.Kind.WALLET, LedgerAccount.Kind.OVERDRAFT],
+            transfer__kind=Transfer.Kind.USAGE,
+            amount_micros__lt=0,
+            transfer__created_at__date__gte=since,
+        )
+        .annotate(day=TruncDate("transfer__created_at"))
+        .values("day")
+        .annotate(spent=Sum("amount_micros"))
+    )
+    by_day = {row["day"]: -row["spent"] for row in rows}
+    return [
+        ((since + timedelta(days=n)).isoformat(), by_day.get(since + timedelta(days=n), 0))
+        for n in range(days)
+    ]
+
+
+def _money_context(request: HttpRequest, account: Account) -> dict:
+    funds = billing_selectors.account_funds(account=account)
+    cards = (
+        billing_selectors.usable_cards(account=account)
+        .select_related("ledger_account")
+        .order_by("expires_at", "created_at")
+    )
+    return {
+        "account": account,
+        "accounts": accounts_payable_by(user=request.user),
+        "funds": funds,
+        "cards": cards,
+        "runway_warn": funds.runway_seconds is not None and funds.runway_seconds < 600,
+    }
+
+
+@login_required
+def wallet(request: HttpRequest) -> HttpResponse:
+    account = _account(request)
+    if request.method == "POST":
+        from billing.services.topups import amount_parse, topup_create
+
+        try:
+            amount_micros = amount_parse(amount=request.POST.get("amount", ""))
+            topup = topup_create(
+                account=account,
+                amount_micros=amount_micros,
+                actor=request.user,
+                idempotency_key=request.POST.get("idempotency_key") or None,
+            )
+        except ApplicationError as exc:
+            messages.error(request, exc.message)
+            return redirect(f"{request.path}?account={account.pk}")
+        return redirect(topup.checkout_url)
+    if request.GET.get("topup") == "success":
+        messages.success(
+            request, _("Thank you: your top-up is credited as soon as the payment is confirmed.")
+        )
+    elif request.GET.get("topup") == "cancelled":
+        messages.warning(request, _("The top-up was cancelled; nothing was charged."))
+    entries = billing_selectors.ledger_entries(account=account, kind=request.GET.get("kind") or None)
+    page = Paginator(entries, 25).get_page(request.GET.get("page"))
+    context = _money_context(request, account) | {
+        "entries": page,
+        "kinds": Transfer.Kind.choices,
+        "kind": request.GET.get("kind", ""),
+        "spend": daily_spend(account=account),
+        "new_key": __import__("uuid").uuid4().hex,
+    }
+    return render(request, "portal/wallet.html", context)
+
+
+class _Echo:
+    def write(self, value):
+        return value
+
+
+@login_required
+def wallet_statement_csv(request: HttpRequest) -> StreamingHttpResponse:
+    """The account's whole ledger history as CSV (streamed, any length)."""
+    account = _account(request)
+    entries = billing_selectors.ledger_entries(account=account, kind=request.GET.get("kind") or None)
+    writer = csv.writer(_Echo())
+
+    def rows():
+        header = ["time", "kind", "ledger_account", "unit", "amount_micros", "balance_after_micros"]
+        yield writer.writerow([*header, "memo", "session"])
+        for entry in entries.iterator(chunk_size=2000):
+            meter = entry.transfer.meter
+            yield writer.writerow(
+                [
+                    entry.transfer.created_at.isoformat(),
+                    entry.transfer.kind,
+                    entry.account.kind,
+                    entry.account.unit,
+                    entry.amount_micros,
+                    entry.balance_after_micros,
+                    entry.transfer.memo,
+                    meter.session_ref if meter else "",
+                ]
+            )
+
+    response = StreamingHttpResponse(rows(), content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="suanli-statement-{account.pk}.csv"'
+    return response
+
+
+@login_required
+def funds_live(request: HttpRequest) -> HttpResponse:
+    account = _account(request)
+    return render(request, "includes/funds.html", _money_context(request, account))
+
+
+@login_required
+def dashboard(request: HttpRequest) -> HttpResponse:
+    from portal.selectors import team_list_for_user
+
+    account = _account(request)
+    context = _money_context(request, account) | {
+        "teams": team_list_for_user(user=request.user),
+        "spend": daily_spend(account=account),
+    }
+    return render(request, "portal/dashboard.html", context)
+
+
+def _hours_to_micros(text: str) -> int:
+    from decimal import Decimal, InvalidOperation
+
+    try:
+        value = Decimal(text.strip()) * 1_000_000
+    except (InvalidOperation, ValueError):
+        raise ValidationFailed(_("“%(text)s” is not a number of hours.") % {"text": text[:20]}) from None
+    if value != value.to_integral_value() or value <= 0:
+        raise ValidationFailed(_("Hours must be positive, with at most six decimals."))
+    return int(value)
+
+
+def _client_ip(request: HttpRequest) -> str:
+    return request.META.get("REMOTE_ADDR", "")
+
+
+@login_required
+def cards(request: HttpRequest) -> HttpResponse:
+    """Redeem, split, gift and revoke compute cards; every card with its lineage."""
+    from billing.models import Card
+    from billing.services import cards as card_services
+
+    account = _account(request)
+    if request.method == "POST":
+        action = request.POST.get("action")
+        try:
+            if action == "redeem":
+                card = card_services.card_redeem(
+                    user=request.user,
+                    account=account,
+                    code=request.POST.get("code", "")[:200],
+                    ip=_client_ip(request),
+                )
+                messages.success(
+                    request,
+                    _("Redeemed: %(hours)s of compute on this account.")
+                    % {"hours": _format_hours(card.ledger_account.balance_micros)},
+                )
+            elif action == "split":
+                parts = [
+                    _hours_to_micros(p)
+                    for p in request.POST.get("parts", "").replace("，", ",").split(",")
+                    if p.strip()
+                ]
+                made = card_services.card_split(
+                    card_id=int(request.POST.get("card", 0)), account=account, parts=parts, actor=request.user
+                )
+                request.session["new_codes"] = [(code, part.hours_micros) for part, code in made]
+            elif action == "gift":
+                part, code = card_services.card_gift(
+                    card_id=int(request.POST.get("card", 0)), account=account, actor=request.user
+                )
+                request.session["new_codes"] = [(code, part.hours_micros)]
+            elif action == "revoke":
+                card_services.card_revoke(
+                    card_id=int(request.POST.get("card", 0)), account=account, actor=request.user
+                )
+                messages.success(request, _("Revoked: its hours are back on the card it came from."))
+        except ApplicationError as exc:
+            messages.error(request, exc.message)
+        except ValueError:
+            messages.error(request, _("That card is not yours."))
+        return redirect(f"{request.path}?account={account.pk}")
+    owned = (
+        Card.objects.filter(owner=account)
+        .exclude(state=Card.State.UNREDEEMED)
+        .select_related("ledger_account", "batch", "parent", "gifted_by", "redeemed_by")
+        .order_by("state", "expires_at", "created_at")
+    )
+    given = (
+        Card.objects.filter(parent__owner=account, state__in=[Card.State.UNREDEEMED, Card.State.GIFTED])
+        .select_related("ledger_account", "parent")
+        .order_by("-created_at")
+    )
+    context = _money_context(request, account) | {
+        "owned": owned,
+        "given": given,
+        "new_codes": request.session.pop("new_codes", None),
+    }
+    return render(request, "portal/cards.html", context)
+
+
+def _format_hours(micros: int) -> str:
+    from portal.templatetags.suanli import card_hours
+
+    return card_hours(micros)

@@ -1,0 +1,71 @@
+"""The portal's client of the agent API (docs/AGENT_PROTOCOL.md): httpx, bearer token, timeouts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import httpx
+from django.conf import settings
+
+from provisioner.models import Node
+from provisioner.sealing import unseal
+
+
+class AgentUnreachable(Exception):
+    """The agent could not be reached or answered 5xx: try again later."""
+
+
+@dataclass(frozen=True)
+class AgentRefusal(Exception):
+    """The agent answered 4xx: the request itself is at fault; retrying will not help."""
+
+    status: int
+    code: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.status} {self.code}: {self.message}"
+
+
+def _call(node: Node, method: str, path: str, *, json: dict | None = None) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {unseal(node.token_sealed)}"}
+    try:
+        response = httpx.request(
+            method,
+            f"{node.address.rstrip('/')}{path}",
+            json=json,
+            headers=headers,
+            timeout=settings.AGENT_HTTP_TIMEOUT_SECONDS,
+        )
+    except httpx.HTTPError as exc:
+        raise AgentUnreachable(f"{node.name}: {exc.__class__.__name__}: {exc}") from exc
+    if response.status_code >= 500 and response.status_code != 500:
+        raise AgentUnreachable(f"{node.name}: HTTP {response.status_code}")
+    if response.status_code >= 400:
+        try:
+            error = response.json().get("error", {})
+        except ValueError:
+            error = {}
+        if response.status_code == 500 and error.get("code") != "start_failed":
+            raise AgentUnreachable(f"{node.name}: HTTP 500")
+        raise AgentRefusal(
+            response.status_code, str(error.get("code", "error")), str(error.get("message", ""))
+        )
+    return response
+
+
+def workload_put(node: Node, spec: dict) -> dict:
+    return _call(node, "PUT", f"/v1/workloads/{spec['session_id']}", json=spec).json()
+
+
+def workload_get(node: Node, session_id: str) -> dict | None:
+    try:
+        return _call(node, "GET", f"/v1/workloads/{session_id}").json()
+    except AgentRefusal as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def workload_delete(node: Node, session_id: str) -> bool:
+    return bool(_call(node, "DELETE", f"/v1/workloads/{session_id}").json().get("deleted"))

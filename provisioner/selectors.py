@@ -1,0 +1,263 @@
+"""Reads of the provisioner: catalog, sessions, queue positions, quota usage, desired workloads."""
+
+from __future__ import annotations
+
+import re
+import statistics
+import uuid
+from dataclasses import dataclass
+
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from billing.errors import NotFound
+from provisioner.models import (
+    SLOTS_PER_GPU,
+    AllocationSlot,
+    Device,
+    Environment,
+    GpuModel,
+    Node,
+    Profile,
+    Session,
+)
+from provisioner.sealing import unseal
+
+_USER_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def workload_user(user) -> str:
+    """The agent's name for a user's home directory: readable and unique (the id is part of it)."""
+    name = _USER_UNSAFE.sub("_", user.get_username())[:40] or "user"
+    if not re.match(r"[A-Za-z0-9_]", name[0]):
+        name = f"_{name}"
+    return f"{name}-{user.pk}"
+
+
+def workload_spec(session: Session) -> dict:
+    """The workload spec of docs/AGENT_PROTOCOL.md for one placed session."""
+    env = session.environment
+    allocation = None
+    if session.device_id is not None:
+        allocation = {
+            "device_uuid": session.device.uuid,
+            "profile": session.profile.name,
+            "slot_start": session.slot_start,
+            "slot_count": session.slot_count,
+            "sharing_policy": session.sharing_policy,
+        }
+    return {
+        "session_id": str(session.id),
+        "user": workload_user(session.owner),
+        "token": unseal(session.jupyter_token_sealed),
+        "base_url": session.base_url,
+        "environment": {"name": env.name, "python": env.python or None, "image": env.image or None},
+        "allocation": allocation,
+        "limits": {"cpu_cores": float(env.cpu_cores), "memory_mib": int(env.memory_mib)},
+    }
+
+
+def desired_workloads(*, node: Node) -> list[dict]:
+    """What the node's agent should run: its sessions in placing, starting or running."""
+    sessions = (
+        Session.objects.filter(node=node, state__in=Session.ON_NODE)
+        .select_related("environment", "owner", "device", "profile")
+        .order_by("created_at")
+    )
+    return [workload_spec(s) for s in sessions]
+
+
+def session_get_for_user(*, user, session_id) -> Session:
+    """A session of this user; anyone else's (or a malformed id) is NotFound."""
+    try:
+        sid = uuid.UUID(str(session_id))
+    except ValueError:
+        raise NotFound("No such session.")
+    session = (
+        Session.objects.select_related("gpu_model", "profile", "environment", "node", "device", "account")
+        .filter(id=sid, owner=user)
+        .first()
+    )
+    if session is None:
+        raise NotFound("No such session.")
+    return session
+
+
+def session_list_for_user(*, user) -> QuerySet[Session]:
+    return (
+        Session.objects.filter(owner=user)
+        .select_related("gpu_model", "profile", "environment", "node", "account")
+        .order_by("-created_at")
+    )
+
+
+def session_jupyter_target(*, user, session_id) -> tuple[str, str] | Session:
+    """For the Jupyter proxy: (upstream, token) of the user's running session, or the Session itself when
+    it exists but is not running (for a friendly page). Raises NotFound for anyone else's."""
+    session = session_get_for_user(user=user, session_id=session_id)
+    if session.state == Session.State.RUNNING and session.upstream:
+        return session.upstream, unseal(session.jupyter_token_sealed)
+    return session
+
+
+@dataclass(frozen=True)
+class QueuePlace:
+    position: int  # 1 = next
+    estimate_seconds: int | None  # None: unknown
+
+
+def queue_place(*, session: Session) -> QueuePlace | None:
+    """Where a queued session stands among those waiting for the same GPU model, and a rough wait:
+    position × the median recent session length ÷ the model's devices. None unless queued."""
+    from provisioner.services.sessions import queue_order
+
+    if session.state != Session.State.QUEUED:
+        return None
+    waiting = list(Session.objects.filter(state=Session.State.QUEUED, gpu_model=session.gpu_model_id))
+    ordered = [s.id for s in queue_order(waiting)]
+    position = ordered.index(session.id) + 1 if session.id in ordered else len(ordered) + 1
+    recent = list(
+        Session.objects.filter(
+            gpu_model=session.gpu_model_id, state=Session.State.STOPPED, running_at__isnull=False
+        )
+        .order_by("-ended_at")
+        .values_list("running_at", "ended_at")[:50]
+    )
+    durations = [(end - start).total_seconds() for start, end in recent if end and start]
+    if not durations:
+        return QueuePlace(position, None)
+    devices = max(1, Device.objects.filter(gpu_model=session.gpu_model_id, health=Device.Health.OK).count())
+    return QueuePlace(position, int(statistics.median(durations) * position / devices))
+
+
+def slot_map(*, device: Device) -> list[str | None]:
+    """Eight cells: the session id (short) holding each slot, or None."""
+    cells: list[str | None] = [None] * SLOTS_PER_GPU
+    for slot, session_id in AllocationSlot.objects.filter(device=device).values_list(
+        "slot", "allocation__session_id"
+    ):
+        cells[slot] = str(session_id)[:8]
+    return cells
+
+
+def availability() -> dict[tuple[str, str], int]:
+    """For each (gpu model, profile): how many more sessions would fit right now (no locks)."""
+    from provisioner.services.placement import free_index, request_for
+
+    found: dict[tuple[str, str], int] = {}
+    profiles = {p.name: p for p in Profile.objects.all()}
+    for model in GpuModel.objects.filter(enabled=True):
+        index, _meta = free_index(gpu_model=model)
+        for name in model.profiles:
+            profile = profiles.get(name)
+            if profile is None or profile.kind == Profile.Kind.CPU:
+                continue
+            found[(model.name, name)] = _count_fits(index, request_for(gpu_model=model, profile=profile))
+    return found
+
+
+def _count_fits(index, request) -> int:
+    from provisioner.services.placement import FreeIndex
+
+    copy = FreeIndex()
+    for key, bucket in index._buckets.items():
+        for device_id in bucket:
+            copy.add(device_id, gpu_model=key[0], device_class=key[1], mask=key[2])
+    count = 0
+    while (choice := copy.choose(request)) is not None and count < 1000:
+        copy.occupy(choice)
+        count += 1
+    return count
+
+
+def catalog() -> dict:
+    """Models with their offered profiles, environments, prices (from billing) and availability now."""
+    from billing.services.pricing import price_quote
+
+    free = availability()
+    models = []
+    for model in GpuModel.objects.filter(enabled=True).order_by("name"):
+        offered = []
+        for name in model.profiles:
+            try:
+                quote = price_quote(gpu_model=model.name, profile=name)
+                price = {
+                    "price_micros_per_hour": quote.price_micros_per_hour,
+                    "card_burn_micros_per_hour": quote.card_burn_micros_per_hour,
+                }
+            except NotFound:
+                price = None
+            offered.append({"profile": name, "price": price, "available": free.get((model.name, name), 0)})
+        models.append(
+            {
+                "name": model.name,
+                "memory_mib": model.memory_mib,
+                "peak_tflops": model.peak_tflops,
+                "placement_policy": model.placement_policy,
+                "profiles": offered,
+            }
+        )
+    cpu = None
+    if Profile.objects.filter(kind=Profile.Kind.CPU).exists():
+        try:
+            quote = price_quote(gpu_model="", profile="cpu")
+            cpu = {
+                "profile": "cpu",
+                "price": {
+                    "price_micros_per_hour": quote.price_micros_per_hour,
+                    "card_burn_micros_per_hour": quote.card_burn_micros_per_hour,
+                },
+                "available": Node.objects.filter(state=Node.State.ACTIVE).count(),
+            }
+        except NotFound:
+            cpu = None
+    return {
+        "gpu_models": models,
+        "cpu": cpu,
+        "profiles": [
+            {"name": p.name, "kind": p.kind, "eighths": p.eighths}
+            for p in Profile.objects.order_by("kind", "name")
+        ],
+        "environments": [
+            {"name": e.name, "runtime": "docker" if e.image and not e.python else "process"}
+            for e in Environment.objects.filter(enabled=True).order_by("name")
+        ],
+        "as_of": timezone.now().isoformat(),
+    }
+
+
+def quota_usage(*, user) -> dict:
+    """The user's own limits and what they use of them, and for each team they pay with, the team's and
+    their member cap. For 'users can see their own quota'."""
+    from billing.models import Account
+    from provisioner.services import quotas
+    from provisioner.services.sessions import _paying_accounts
+
+    def pack(limits, usage) -> dict:
+        return {
+            "limits": limits.__dict__,
+            "usage": {
+                "sessions": usage.sessions,
+                "eighths": usage.eighths,
+                "spend_micros": usage.spend_micros,
+            },
+        }
+
+    answer = {"user": pack(quotas.limits_for_user(user=user), quotas.usage_of_user(user=user)), "teams": []}
+    for account in _paying_accounts(user):
+        if account.kind != Account.Kind.TEAM:
+            continue
+        answer["teams"].append(
+            {
+                "account": account.id,
+                "name": account.name,
+                "team": pack(
+                    quotas.limits_for_account(account=account), quotas.usage_of_account(account=account)
+                ),
+                "member": pack(
+                    quotas.limits_for_member(user=user, account=account),
+                    quotas.usage_of_member(user=user, account=account),
+                ),
+            }
+        )
+    return answer

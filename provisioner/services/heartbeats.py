@@ -1,0 +1,406 @@
+"""The agent's heartbeat: inventory, metrics, workload states in; the desired workloads out.
+
+One transaction per heartbeat, the node row locked first (one heartbeat of a node at a time), then
+its device rows in id order. A malformed body or a device UUID that belongs to another node raises
+before anything is written, so a refused heartbeat leaves no trace.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from billing.errors import Conflict, ValidationFailed
+from provisioner.models import Allocation, Device, DeviceSample, GpuModel, Node, Session
+from provisioner.selectors import desired_workloads
+from provisioner.services import sessions as lifecycle
+
+S = Session.State
+WORKLOAD_STATES = ("starting", "running", "exited", "failed")
+
+
+# --- validation --------------------------------------------------------------------------------------
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _num_or_none(value) -> bool:
+    return value is None or (isinstance(value, int | float) and not isinstance(value, bool))
+
+
+def _str(value, *, required: bool = True) -> bool:
+    return isinstance(value, str) and (bool(value) or not required)
+
+
+def heartbeat_validate(body) -> dict:
+    """Check the shape of a heartbeat (docs/AGENT_PROTOCOL.md); raise ValidationFailed naming each field
+    at fault. Unknown extra fields are tolerated (the agent may grow), wrong types are not."""
+    errors: dict[str, str] = {}
+    if not isinstance(body, dict):
+        raise ValidationFailed("The heartbeat must be a JSON object.", fields={"": "must be an object"})
+    for key in ("agent_version", "runtime"):
+        if key in body and not _str(body[key], required=False):
+            errors[key] = "must be a string"
+    inventory = body.get("inventory")
+    if not isinstance(inventory, dict):
+        errors["inventory"] = "must be an object"
+    else:
+        gpus = inventory.get("gpus")
+        if not isinstance(gpus, list):
+            errors["inventory.gpus"] = "must be a list"
+        else:
+            seen: set[str] = set()
+            for i, gpu in enumerate(gpus):
+                where = f"inventory.gpus.{i}"
+                if not isinstance(gpu, dict):
+                    errors[where] = "must be an object"
+                    continue
+                if not _str(gpu.get("uuid")) or len(gpu["uuid"]) > 100:
+                    errors[f"{where}.uuid"] = "must be a non-empty string"
+                elif gpu["uuid"] in seen:
+                    errors[f"{where}.uuid"] = "listed twice"
+                else:
+                    seen.add(gpu["uuid"])
+                if not _is_int(gpu.get("index")) or gpu["index"] < 0:
+                    errors[f"{where}.index"] = "must be an integer ≥ 0"
+                if not _str(gpu.get("name")):
+                    errors[f"{where}.name"] = "must be a non-empty string"
+                if not _is_int(gpu.get("memory_total_mib")) or gpu["memory_total_mib"] < 0:
+                    errors[f"{where}.memory_total_mib"] = "must be an integer ≥ 0"
+                if "mig_mode" in gpu and not isinstance(gpu["mig_mode"], bool):
+                    errors[f"{where}.mig_mode"] = "must be a boolean"
+                if gpu.get("health", "ok") not in ("ok", "lost"):
+                    errors[f"{where}.health"] = "must be ok or lost"
+                migs = gpu.get("mig_devices", [])
+                if not isinstance(migs, list):
+                    errors[f"{where}.mig_devices"] = "must be a list"
+                    continue
+                for j, mig in enumerate(migs):
+                    mwhere = f"{where}.mig_devices.{j}"
+                    if not isinstance(mig, dict):
+                        errors[mwhere] = "must be an object"
+                        continue
+                    if not _str(mig.get("uuid")) or len(mig["uuid"]) > 100:
+                        errors[f"{mwhere}.uuid"] = "must be a non-empty string"
+                    elif mig["uuid"] in seen:
+                        errors[f"{mwhere}.uuid"] = "listed twice"
+                    else:
+                        seen.add(mig["uuid"])
+                    if not _str(mig.get("profile")):
+                        errors[f"{mwhere}.profile"] = "must be a non-empty string"
+                    if not _is_int(mig.get("memory_total_mib", 0)):
+                        errors[f"{mwhere}.memory_total_mib"] = "must be an integer"
+    metrics = body.get("metrics", {"gpus": []})
+    if not isinstance(metrics, dict) or not isinstance(metrics.get("gpus", []), list):
+        errors["metrics"] = "must be an object with a list of gpus"
+    else:
+        for i, sample in enumerate(metrics.get("gpus", [])):
+            if not isinstance(sample, dict) or not _str(sample.get("uuid")):
+                errors[f"metrics.gpus.{i}"] = "must be an object with a uuid"
+                continue
+            for key in (
+                "gpu_util_percent",
+                "memory_util_percent",
+                "memory_used_mib",
+                "temperature_c",
+                "power_w",
+                "energy_mj",
+            ):
+                if not _num_or_none(sample.get(key)):
+                    errors[f"metrics.gpus.{i}.{key}"] = "must be a number or null"
+    workloads = body.get("workloads", [])
+    if not isinstance(workloads, list):
+        errors["workloads"] = "must be a list"
+    else:
+        for i, status in enumerate(workloads):
+            if not isinstance(status, dict) or not _str(status.get("session_id")):
+                errors[f"workloads.{i}"] = "must be an object with a session_id"
+                continue
+            if status.get("state") not in WORKLOAD_STATES:
+                errors[f"workloads.{i}.state"] = f"must be one of {', '.join(WORKLOAD_STATES)}"
+            for key in ("upstream", "exit_reason", "last_activity"):
+                if status.get(key) is not None and not isinstance(status[key], str):
+                    errors[f"workloads.{i}.{key}"] = "must be a string or null"
+            if not _num_or_none(status.get("gpu_util_percent")):
+                errors[f"workloads.{i}.gpu_util_percent"] = "must be a number or null"
+    if errors:
+        raise ValidationFailed(
+            "Malformed heartbeat: " + "; ".join(f"{k}: {v}" for k, v in list(errors.items())[:5]),
+            fields=errors,
+        )
+    return body
+
+
+# --- recording ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HeartbeatAnswer:
+    desired_workloads: list[dict]
+    heartbeat_interval_seconds: int
+
+    def as_body(self) -> dict:
+        return {
+            "desired_workloads": self.desired_workloads,
+            "heartbeat_interval_seconds": self.heartbeat_interval_seconds,
+        }
+
+
+def _model_for(nvml_name: str, models: list[GpuModel]) -> GpuModel | None:
+    return next((m for m in models if m.matches(nvml_name)), None)
+
+
+def _record_inventory(node: Node, inventory: dict, now: datetime) -> dict[str, Device]:
+    gpus = inventory.get("gpus", [])
+    uuids = [g["uuid"] for g in gpus] + [m["uuid"] for g in gpus for m in g.get("mig_devices", [])]
+    elsewhere = list(
+        Device.objects.filter(uuid__in=uuids).exclude(node=node).values_list("uuid", "node__name")[:5]
+    )
+    if elsewhere:
+        raise Conflict(
+            "Device "
+            + ", ".join(f"{u} belongs to node {n}" for u, n in elsewhere)
+            + ": a GPU moved between nodes needs an admin to remove it from the old node first.",
+            code="device_moved",
+            fields={"inventory.gpus": "a device UUID belongs to another node"},
+        )
+    models = list(GpuModel.objects.all())
+    existing = {
+        d.uuid: d for d in Device.objects.select_for_update(of=("self",)).filter(node=node).order_by("id")
+    }
+    by_uuid: dict[str, Device] = {}
+    for gpu in gpus:
+        device = existing.get(gpu["uuid"]) or Device(node=node, uuid=gpu["uuid"], kind=Device.Kind.PHYSICAL)
+        model = _model_for(gpu["name"], models)
+        device.index = gpu["index"]
+        device.nvml_name = gpu["name"][:100]
+        device.gpu_model = model
+        device.pci_bus_id = str(gpu.get("pci_bus_id") or "")[:32]
+        device.memory_mib = gpu["memory_total_mib"]
+        device.mig_mode = bool(gpu.get("mig_mode"))
+        device.health = gpu.get("health", "ok")
+        device.last_seen_at = now
+        device.save()
+        by_uuid[device.uuid] = device
+        for mig in gpu.get("mig_devices", []):
+            child = existing.get(mig["uuid"]) or Device(node=node, uuid=mig["uuid"], kind=Device.Kind.MIG)
+            child.parent = device
+            child.index = device.index
+            child.gpu_model = model
+            child.nvml_name = device.nvml_name
+            child.mig_profile = mig["profile"][:32]
+            child.memory_mib = mig.get("memory_total_mib") or 0
+            child.health = device.health
+            child.sharing_policy = Device.Sharing.EXCLUSIVE
+            child.last_seen_at = now
+            child.save()
+            by_uuid[child.uuid] = child
+    gone = [d.id for u, d in existing.items() if u not in by_uuid and d.health != Device.Health.MISSING]
+    if gone:
+        Device.objects.filter(id__in=gone).update(health=Device.Health.MISSING)
+    return by_uuid
+
+
+_PRUNE_SQL = """
+DELETE FROM provisioner_devicesample WHERE id IN (
+    SELECT id FROM (
+        SELECT id, row_number() OVER (PARTITION BY device_id ORDER BY collected_at DESC, id DESC) AS rn
+        FROM provisioner_devicesample WHERE device_id = ANY(%s)
+    ) ranked WHERE rn > %s
+)
+"""
+
+
+def _record_metrics(metrics: dict, devices: dict[str, Device], now: datetime) -> None:
+    collected = parse_datetime(str(metrics.get("collected_at") or "")) or now
+    if timezone.is_naive(collected):
+        collected = timezone.make_aware(collected, UTC)
+    samples = []
+    for sample in metrics.get("gpus", []):
+        device = devices.get(sample["uuid"])
+        if device is None:
+            continue
+        figures = {k: v for k, v in sample.items() if k != "uuid"}
+        Device.objects.filter(id=device.id).update(
+            last_metrics={**figures, "collected_at": collected.isoformat()}
+        )
+        samples.append(
+            DeviceSample(
+                device=device,
+                collected_at=collected,
+                gpu_util_percent=_small(sample.get("gpu_util_percent")),
+                memory_used_mib=_small(sample.get("memory_used_mib")),
+                temperature_c=_small(sample.get("temperature_c")),
+                power_w=sample.get("power_w"),
+            )
+        )
+    if samples:
+        DeviceSample.objects.bulk_create(samples)
+        with connection.cursor() as cursor:
+            cursor.execute(_PRUNE_SQL, [[s.device_id for s in samples], settings.DEVICE_SAMPLES_KEPT])
+
+
+def _small(value) -> int | None:
+    return None if value is None else int(max(-32768, min(value, 2**31 - 1)))
+
+
+def _session_uuid(raw: str) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(raw)
+    except ValueError:
+        return None
+
+
+def _record_workloads(node: Node, workloads: list[dict], now: datetime) -> None:
+    from billing.services.metering import meter_alive
+
+    reported = {sid: w for w in workloads if (sid := _session_uuid(w["session_id"])) is not None}
+    sessions = {
+        s.id: s
+        for s in Session.objects.filter(node=node)
+        .filter(id__in=list(reported))
+        .only("id", "state", "idle_seconds")
+    }
+    alive: list[str] = []
+    active: list[uuid.UUID] = []
+    for sid, status in reported.items():
+        session = sessions.get(sid)
+        if session is None:
+            continue  # not ours: the agent stops it as an orphan (it is not desired)
+        state = status["state"]
+        if state == "running":
+            if session.state in (S.PLACING, S.STARTING):
+                lifecycle.session_mark_running(session_id=sid, upstream=status.get("upstream") or "", at=now)
+                session.state = S.RUNNING
+            if session.state == S.RUNNING:
+                alive.append(str(sid))
+                util = status.get("gpu_util_percent")
+                kernel_busy = bool(status.get("last_activity")) and _recent(status["last_activity"], now)
+                fields = {"last_alive_at": now, "gpu_util_percent": _small(util)}
+                if upstream := status.get("upstream"):
+                    fields["upstream"] = upstream
+                Session.objects.filter(id=sid, state=S.RUNNING).update(**fields)
+                if kernel_busy or (util is not None and util >= settings.SESSION_IDLE_GPU_PERCENT):
+                    active.append(sid)
+        elif state == "starting":
+            if session.state == S.PLACING:
+                lifecycle.session_mark_starting(session_id=sid)
+        elif state in ("exited", "failed"):
+            why = status.get("exit_reason") or (
+                "Jupyter exited" if state == "exited" else "the workload failed"
+            )
+            if session.state == S.RUNNING and state == "exited":
+                lifecycle.session_end(
+                    session_id=sid,
+                    to=S.STOPPED,
+                    reason=f"Jupyter exited: {why}",
+                    from_states=[S.RUNNING],
+                    ended_at=now,
+                )
+            elif session.state in Session.ON_NODE:
+                lifecycle.session_end(
+                    session_id=sid,
+                    to=S.FAILED,
+                    reason=f"Failed on {node.name}: {why}",
+                    from_states=list(Session.ON_NODE),
+                    ended_at=now,
+                )
+            elif session.state == S.STOPPING:
+                lifecycle.session_end(
+                    session_id=sid, to=S.STOPPED, reason="Stopped", from_states=[S.STOPPING], ended_at=now
+                )
+    if alive:
+        meter_alive(session_refs=alive, alive_at=now)
+    if active:
+        Session.objects.filter(id__in=active).update(last_active_at=now, idle_warned_at=None)
+    # Whatever the agent no longer runs: stopping → stopped; ended sessions give their slots back.
+    not_running = set(reported) - {
+        sid for sid, w in reported.items() if w["state"] in ("starting", "running")
+    }
+    listed_live = set(reported) - not_running
+    for sid in (
+        Session.objects.filter(node=node, state=S.STOPPING)
+        .exclude(id__in=listed_live)
+        .values_list("id", flat=True)
+    ):
+        lifecycle.session_end(
+            session_id=sid, to=S.STOPPED, reason="Stopped", from_states=[S.STOPPING], ended_at=now
+        )
+    gone = (
+        Allocation.objects.filter(session__node=node, session__state__in=Session.ENDED)
+        .exclude(session_id__in=listed_live)
+        .values_list("session_id", flat=True)
+    )
+    lifecycle.session_freed_after_gone(session_ids=list(gone))
+
+
+def _recent(raw: str, now: datetime) -> bool:
+    at = parse_datetime(raw)
+    if at is None:
+        return False
+    if timezone.is_naive(at):
+        at = timezone.make_aware(at, UTC)
+    return (now - at).total_seconds() < settings.AGENT_HEARTBEAT_INTERVAL_SECONDS * 3
+
+
+def heartbeat_record(*, node: Node, body) -> HeartbeatAnswer:
+    """Record one heartbeat and answer the node's desired workloads.
+
+    Validates first (ValidationFailed, nothing written); in one transaction: locks the node row, checks
+    that no reported device UUID belongs to another node (Conflict, nothing written), upserts devices,
+    records metrics (keeping the last DEVICE_SAMPLES_KEPT per device), applies workload states to
+    sessions (conditional transitions, meters alive/open/close), and marks the node seen (a node that
+    was down comes back to the state it had). Safe to repeat.
+    """
+    body = heartbeat_validate(body)
+    now = timezone.now()
+    with transaction.atomic():
+        node = Node.objects.select_for_update().get(id=node.id)
+        devices = _record_inventory(node, body["inventory"], now)
+        _record_metrics(body.get("metrics") or {}, devices, now)
+        _record_workloads(node, body.get("workloads", []), now)
+        node.last_heartbeat_at = now
+        node.agent_version = str(body.get("agent_version") or "")[:32]
+        node.runtime = str(body.get("runtime") or "")[:32]
+        node.driver_version = str(body["inventory"].get("driver_version") or "")[:32]
+        node.cuda_version = str(body["inventory"].get("cuda_version") or "")[:32]
+        if node.state == Node.State.DOWN:
+            node.state = node.state_before_down or Node.State.ACTIVE
+            node.state_before_down = ""
+        node.save()
+        desired = desired_workloads(node=node)
+    return HeartbeatAnswer(desired, settings.AGENT_HEARTBEAT_INTERVAL_SECONDS)
+
+
+def nodes_liveness_sweep(*, now: datetime | None = None) -> list[str]:
+    """Mark nodes without a heartbeat for NODE_LIVENESS_SECONDS down (conditional update) and their
+    sessions lost, billed to their last alive time. Returns the names of the nodes marked down."""
+    from datetime import timedelta
+
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=settings.NODE_LIVENESS_SECONDS)
+    down = []
+    for node in Node.objects.exclude(state=Node.State.DOWN).filter(last_heartbeat_at__lt=cutoff):
+        with transaction.atomic():
+            moved = Node.objects.filter(id=node.id, state=node.state, last_heartbeat_at__lt=cutoff).update(
+                state=Node.State.DOWN, state_before_down=node.state
+            )
+            if not moved:
+                continue
+            lifecycle.node_sessions_lost(
+                node=node,
+                reason=(
+                    f"Node {node.name} stopped answering "
+                    f"(no heartbeat since {node.last_heartbeat_at:%H:%M:%S})"
+                ),
+            )
+        down.append(node.name)
+    return down

@@ -1,0 +1,206 @@
+"""Admission: quotas per user, per team account and per member of a team, with defaults from settings.
+
+``quota_admit`` runs inside ``session_launch``'s transaction after the account and user rows are locked,
+so one user's (and one account's) concurrent launches are checked one at a time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Sum
+from django.utils import timezone
+
+from billing.audit import audit_record
+from billing.errors import QuotaExceeded, ValidationFailed
+from billing.models import Account
+from provisioner.models import Profile, Quota, Session
+
+LIMIT_FIELDS = (
+    "max_eighths",
+    "max_sessions",
+    "allowed_gpu_models",
+    "allowed_profiles",
+    "max_session_seconds",
+    "monthly_spend_cap_micros",
+)
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_eighths: int | None
+    max_sessions: int | None
+    allowed_gpu_models: list[str] | None
+    allowed_profiles: list[str] | None
+    max_session_seconds: int | None
+    monthly_spend_cap_micros: int | None
+
+
+def _defaults() -> Limits:
+    cap = settings.QUOTA_DEFAULT_MONTHLY_SPEND_CAP_MICROS
+    return Limits(
+        settings.QUOTA_DEFAULT_MAX_EIGHTHS,
+        settings.QUOTA_DEFAULT_MAX_SESSIONS,
+        None,
+        None,
+        settings.QUOTA_DEFAULT_MAX_SESSION_SECONDS,
+        cap or None,
+    )
+
+
+def _overlay(base: Limits, quota: Quota | None) -> Limits:
+    if quota is None:
+        return base
+    values = {f: getattr(quota, f) for f in LIMIT_FIELDS}
+    return Limits(**{f: (values[f] if values[f] is not None else getattr(base, f)) for f in LIMIT_FIELDS})
+
+
+def _no_limits() -> Limits:
+    return Limits(None, None, None, None, None, None)
+
+
+def limits_for_user(*, user) -> Limits:
+    return _overlay(_defaults(), Quota.objects.filter(user=user, account__isnull=True).first())
+
+
+def limits_for_account(*, account: Account) -> Limits:
+    """A team account has only the limits its quota row sets; a personal account follows its user."""
+    return _overlay(_no_limits(), Quota.objects.filter(account=account, user__isnull=True).first())
+
+
+def limits_for_member(*, user, account: Account) -> Limits:
+    return _overlay(_no_limits(), Quota.objects.filter(account=account, user=user).first())
+
+
+def month_start(now: datetime | None = None) -> datetime:
+    now = timezone.localtime(now or timezone.now())
+    return now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+
+
+@dataclass(frozen=True)
+class Usage:
+    sessions: int
+    eighths: int
+    spend_micros: int
+
+
+def _usage(sessions) -> Usage:
+    from billing.models import Meter
+
+    live = sessions.filter(state__in=Session.LIVE)
+    eighths = live.aggregate(total=Sum("profile__quota_eighths"))["total"] or 0
+    refs = [str(i) for i in sessions.filter(created_at__gte=month_start()).values_list("id", flat=True)]
+    spend = Meter.objects.filter(session_ref__in=refs).aggregate(
+        c=Sum("charged_micros"), a=Sum("accrued_micros")
+    )
+    return Usage(live.count(), eighths, (spend["c"] or 0) + (spend["a"] or 0))
+
+
+def usage_of_user(*, user) -> Usage:
+    return _usage(Session.objects.filter(owner=user))
+
+
+def usage_of_account(*, account: Account) -> Usage:
+    return _usage(Session.objects.filter(account=account))
+
+
+def usage_of_member(*, user, account: Account) -> Usage:
+    return _usage(Session.objects.filter(owner=user, account=account))
+
+
+def _check(
+    limits: Limits, usage: Usage, *, who: str, gpu_model: str, profile: Profile, max_seconds: int
+) -> None:
+    if limits.allowed_gpu_models is not None and gpu_model and gpu_model not in limits.allowed_gpu_models:
+        raise QuotaExceeded(f"{who} may not use {gpu_model}.", fields={"gpu_model": "not allowed by quota"})
+    if limits.allowed_profiles is not None and profile.name not in limits.allowed_profiles:
+        raise QuotaExceeded(
+            f"{who} may not use the {profile.name} profile.", fields={"profile": "not allowed"}
+        )
+    if limits.max_sessions is not None and usage.sessions + 1 > limits.max_sessions:
+        raise QuotaExceeded(
+            f"{who} already has {usage.sessions} of {limits.max_sessions} sessions.", code="quota_sessions"
+        )
+    if limits.max_eighths is not None and usage.eighths + profile.quota_eighths > limits.max_eighths:
+        raise QuotaExceeded(
+            f"{who} uses {usage.eighths}/8 of {limits.max_eighths}/8 GPUs; "
+            f"this needs {profile.quota_eighths}/8 more.",
+            code="quota_gpu_share",
+        )
+    if limits.max_session_seconds is not None and max_seconds > limits.max_session_seconds:
+        raise QuotaExceeded(
+            f"{who} may run a session for at most {limits.max_session_seconds / 3600:g} hours.",
+            fields={"max_hours": "longer than the quota allows"},
+        )
+    if limits.monthly_spend_cap_micros is not None and usage.spend_micros >= limits.monthly_spend_cap_micros:
+        raise QuotaExceeded(f"{who} reached the monthly spending cap.", code="quota_spend")
+
+
+def quota_admit(*, user, account: Account, gpu_model: str, profile: Profile, max_seconds: int) -> None:
+    """Raise QuotaExceeded unless one more session fits the user's, the team account's and the member's
+    limits. Reads only: the caller holds the account and user row locks."""
+    _check(
+        limits_for_user(user=user),
+        usage_of_user(user=user),
+        who="You",
+        gpu_model=gpu_model,
+        profile=profile,
+        max_seconds=max_seconds,
+    )
+    if account.kind == Account.Kind.TEAM:
+        _check(
+            limits_for_account(account=account),
+            usage_of_account(account=account),
+            who="This team",
+            gpu_model=gpu_model,
+            profile=profile,
+            max_seconds=max_seconds,
+        )
+        _check(
+            limits_for_member(user=user, account=account),
+            usage_of_member(user=user, account=account),
+            who="Your share of this team",
+            gpu_model=gpu_model,
+            profile=profile,
+            max_seconds=max_seconds,
+        )
+
+
+def _clean_limits(limits: dict) -> dict:
+    unknown = set(limits) - set(LIMIT_FIELDS)
+    if unknown:
+        raise ValidationFailed("Unknown quota fields.", fields=dict.fromkeys(sorted(unknown), "unknown"))
+    for field in ("max_eighths", "max_sessions", "max_session_seconds", "monthly_spend_cap_micros"):
+        value = limits.get(field)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise ValidationFailed("A limit is a whole number ≥ 0 or empty.", fields={field: "invalid"})
+    for field in ("allowed_gpu_models", "allowed_profiles"):
+        value = limits.get(field)
+        if value is not None and (not isinstance(value, list) or not all(isinstance(v, str) for v in value)):
+            raise ValidationFailed("A list of names or empty.", fields={field: "invalid"})
+    return limits
+
+
+@transaction.atomic
+def quota_set(
+    *, user=None, account: Account | None = None, limits: dict, actor=None, reason: str = ""
+) -> Quota:
+    """Create or change the quota of a user, a team account or a member (both). Locks the row; writes an
+    audit row with the limits before and after. Raises ValidationFailed."""
+    if user is None and account is None:
+        raise ValidationFailed("A quota belongs to a user, an account or both.")
+    limits = _clean_limits(dict(limits))
+    quota = Quota.objects.select_for_update().filter(user=user, account=account).first()
+    before = quota.limits() if quota else None
+    if quota is None:
+        quota = Quota(user=user, account=account)
+    for field, value in limits.items():
+        setattr(quota, field, value)
+    quota.save()
+    audit_record(
+        actor=actor, action="quota.set", target=quota, before=before, after=quota.limits(), reason=reason
+    )
+    return quota

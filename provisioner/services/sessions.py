@@ -1,0 +1,488 @@
+"""Sessions: launch (admission + placement in one transaction), stop, and every state transition.
+
+States: queued → placing → starting → running → stopping → stopped, plus failed and lost. Every
+transition is a conditional update on the session's current state (``_transition``), so a worker, a
+heartbeat and a sweep racing on one session agree on one outcome; each leaves a SessionEvent.
+
+Lock order everywhere: billing Account row, then the user row, then device rows (placement), then
+the session row. Nothing here holds a lock across an HTTP call to an agent: tasks call agents after
+commit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import uuid
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+from django.utils.module_loading import import_string
+
+from billing.errors import ApplicationError, NotFound, ValidationFailed
+from billing.models import Account
+from provisioner.models import Environment, GpuModel, Node, Profile, Session, SessionEvent
+from provisioner.sealing import new_token, seal
+from provisioner.services.placement import allocation_free, allocation_place, cpu_node_pick
+from provisioner.services.quotas import quota_admit
+
+log = logging.getLogger("provisioner.sessions")
+S = Session.State
+_TIMESTAMP = {
+    S.QUEUED: "queued_at",
+    S.PLACING: "placed_at",
+    S.STARTING: "starting_at",
+    S.RUNNING: "running_at",
+    S.STOPPING: "stopping_at",
+    S.STOPPED: "ended_at",
+    S.FAILED: "ended_at",
+    S.LOST: "ended_at",
+}
+IDEMPOTENCY_KEY_RE = re.compile(r"^[\x21-\x7e]{1,200}$")
+
+
+def session_event(*, session_id, kind: str, message: str, from_state: str = "", to_state: str = "") -> None:
+    SessionEvent.objects.create(
+        session_id=session_id, kind=kind, message=message[:500], from_state=from_state, to_state=to_state
+    )
+
+
+def _transition(
+    session_id, *, from_states, to: str, reason: str, at: datetime | None = None, **fields
+) -> str | None:
+    """Move a session from one of ``from_states`` to ``to`` by a conditional update; returns the state it
+    left, or None when it was in none of them (someone else moved it first)."""
+    at = at or timezone.now()
+    for _attempt in range(3):
+        current = Session.objects.filter(id=session_id).values_list("state", flat=True).first()
+        if current is None or current not in from_states:
+            return None
+        stamp = {_TIMESTAMP[to]: at} if to in _TIMESTAMP else {}
+        moved = Session.objects.filter(id=session_id, state=current).update(
+            state=to, reason=reason[:300], **stamp, **fields
+        )
+        if moved:
+            session_event(
+                session_id=session_id, kind="state", message=reason, from_state=current, to_state=to
+            )
+            return current
+    return None
+
+
+# --- launch ------------------------------------------------------------------------------------------
+
+
+def _catalog(
+    *, gpu_model: str, profile: str, environment: str
+) -> tuple[GpuModel | None, Profile, Environment]:
+    profile_obj = Profile.objects.filter(name=profile).first()
+    if profile_obj is None:
+        raise ValidationFailed(f"Unknown profile {profile!r}.", fields={"profile": "unknown"})
+    env = Environment.objects.filter(name=environment, enabled=True).first()
+    if env is None:
+        raise ValidationFailed(f"Unknown environment {environment!r}.", fields={"environment": "unknown"})
+    if profile_obj.kind == Profile.Kind.CPU:
+        return None, profile_obj, env
+    model = GpuModel.objects.filter(name=gpu_model, enabled=True).first()
+    if model is None:
+        raise ValidationFailed(f"Unknown GPU model {gpu_model!r}.", fields={"gpu_model": "unknown"})
+    if profile not in model.profiles:
+        raise ValidationFailed(
+            f"{model.name} is not offered as {profile}.", fields={"profile": f"not offered on {model.name}"}
+        )
+    return model, profile_obj, env
+
+
+def _paying_accounts(user) -> list[Account]:
+    selector = getattr(settings, "PAYING_ACCOUNTS_SELECTOR", "portal.selectors.accounts_payable_by")
+    return list(import_string(selector)(user=user))
+
+
+def _seconds(value, *, field: str, default: float, unit: int) -> int:
+    if value is None:
+        value = default
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ValidationFailed(f"{field} must be a positive number.", fields={field: "must be > 0"})
+    return max(1, int(value * unit))
+
+
+def session_launch(
+    *,
+    user,
+    account: Account,
+    gpu_model: str,
+    profile: str,
+    environment: str,
+    max_hours: float | None,
+    idle_minutes: int | None,
+    idempotency_key: str | None,
+    priority: int = 0,
+) -> Session:
+    """Admit and place one session, or queue it when nothing fits right now.
+
+    One transaction: lock the paying Account row, then the user row (so one user's and one account's
+    concurrent launches are admitted one at a time), check quotas and funds, create the session and
+    place it (see ``allocation_place`` for the device locks). The start task is queued after commit.
+
+    Idempotent by ``idempotency_key`` per user: the same key returns the same session.
+    Raises ValidationFailed (unknown or unoffered model/profile/environment, bad limits, unpriced),
+    NotFound (an account the user may not pay with), QuotaExceeded, InsufficientFunds.
+    """
+    from billing.services.metering import account_can_launch
+    from billing.services.pricing import price_quote
+
+    if idempotency_key is not None and not IDEMPOTENCY_KEY_RE.match(idempotency_key):
+        raise ValidationFailed(
+            "A bad Idempotency-Key.", fields={"idempotency_key": "1-200 printable characters"}
+        )
+    if idempotency_key:
+        existing = Session.objects.filter(owner=user, idempotency_key=idempotency_key).first()
+        if existing is not None:
+            return existing
+    model, profile_obj, env = _catalog(gpu_model=gpu_model, profile=profile, environment=environment)
+    if account.id not in {a.id for a in _paying_accounts(user)}:
+        raise NotFound("No such account.", fields={"account": "not one you may pay with"})
+    max_seconds = _seconds(
+        max_hours, field="max_hours", default=settings.SESSION_DEFAULT_MAX_HOURS, unit=3600
+    )
+    idle_seconds = _seconds(
+        idle_minutes, field="idle_minutes", default=settings.SESSION_DEFAULT_IDLE_MINUTES, unit=60
+    )
+    model_name = model.name if model else ""
+    try:
+        quote = price_quote(gpu_model=model_name, profile=profile_obj.name)
+    except NotFound:
+        raise ValidationFailed(f"{model_name or 'cpu'} {profile} has no price yet.", code="unpriced")
+
+    with transaction.atomic():
+        Account.objects.select_for_update().filter(id=account.id).first()
+        get_user_model().objects.select_for_update().filter(pk=user.pk).first()
+        if idempotency_key:
+            existing = Session.objects.filter(owner=user, idempotency_key=idempotency_key).first()
+            if existing is not None:
+                return existing
+        quota_admit(
+            user=user, account=account, gpu_model=model_name, profile=profile_obj, max_seconds=max_seconds
+        )
+        account_can_launch(account=account, quote=quote, gpu_model=model_name)
+        now = timezone.now()
+        session = Session.objects.create(
+            owner=user,
+            account=account,
+            gpu_model=model,
+            profile=profile_obj,
+            environment=env,
+            state=S.QUEUED,
+            idempotency_key=idempotency_key or None,
+            jupyter_token_sealed=seal(new_token()),
+            price_id=quote.price_id,
+            price_micros_per_hour=quote.price_micros_per_hour,
+            card_burn_micros_per_hour=quote.card_burn_micros_per_hour,
+            max_seconds=max_seconds,
+            idle_seconds=idle_seconds,
+            queue_priority=priority,
+            queue_max_wait_seconds=settings.QUEUE_MAX_WAIT_SECONDS,
+            queued_at=now,
+        )
+        session_event(session_id=session.id, kind="launch", message=f"Launched by {user}", to_state=S.QUEUED)
+        placed = _place(session, model=model, profile=profile_obj)
+        if not placed:
+            session_event(
+                session_id=session.id,
+                kind="queue",
+                message=f"No free {model_name} {profile} right now: waiting in the queue.",
+            )
+    session.refresh_from_db()
+    return session
+
+
+def _place(session: Session, *, model: GpuModel | None, profile: Profile) -> bool:
+    """Place a queued session inside the caller's transaction; True when it moved to placing."""
+    if model is None:
+        node = cpu_node_pick()
+        if node is None:
+            return False
+        fields = {"node": node}
+    else:
+        allocation = allocation_place(session=session, gpu_model=model, profile=profile)
+        if allocation is None:
+            return False
+        device = allocation.device
+        policy = (
+            "exclusive"
+            if profile.kind in (Profile.Kind.WHOLE, Profile.Kind.MIG) or device.kind == "mig"
+            else device.sharing_policy
+        )
+        fields = {
+            "node_id": device.node_id,
+            "device": device,
+            "slot_start": allocation.slot_start,
+            "slot_count": allocation.slot_count,
+            "sharing_policy": policy,
+        }
+    where = f" on {fields['node'].name}" if "node" in fields else ""
+    if (
+        _transition(session.id, from_states=[S.QUEUED], to=S.PLACING, reason=f"Placed{where}", **fields)
+        is None
+    ):
+        return False
+    _queue_start(session.id)
+    return True
+
+
+def _queue_start(session_id) -> None:
+    from provisioner.tasks import session_start_task
+
+    transaction.on_commit(lambda: session_start_task.delay(str(session_id)))
+
+
+# --- stop and end ------------------------------------------------------------------------------------
+
+
+def session_stop(*, session: Session, actor, reason: str) -> Session:
+    """Ask a session to stop. Queued: cancelled at once (→ stopped). On a node: → stopping, and the stop
+    task deletes the workload on the agent after commit. Already stopping or ended: unchanged.
+    Idempotent; a conditional update on the state, no locks held across the agent call."""
+    who = f" by {actor}" if getattr(actor, "pk", None) else ""
+    with transaction.atomic():
+        if _transition(session.id, from_states=[S.QUEUED], to=S.STOPPED, reason=f"Cancelled{who}: {reason}"):
+            pass
+        elif _transition(
+            session.id, from_states=list(Session.ON_NODE), to=S.STOPPING, reason=f"Stop{who}: {reason}"
+        ):
+            from provisioner.tasks import session_stop_task
+
+            sid = str(session.id)
+            transaction.on_commit(lambda: session_stop_task.delay(sid))
+    session.refresh_from_db()
+    return session
+
+
+def session_end(
+    *, session_id, to: str, reason: str, from_states=None, ended_at: datetime | None = None, free: bool = True
+) -> bool:
+    """End a session (stopped, failed or lost): close its meter at the earlier of ``ended_at`` and the
+    last time it was seen alive, free its slots unless ``free`` is False (lost: freed only when the
+    agent confirms the workload gone). Idempotent; one transaction. Queues a queue dispatch after commit
+    when slots were freed."""
+    from billing.services.metering import meter_close
+
+    from_states = from_states or [s for s in Session.State.values if s not in Session.ENDED]
+    ended_at = ended_at or timezone.now()
+    with transaction.atomic():
+        if _transition(session_id, from_states=from_states, to=to, reason=reason, at=ended_at) is None:
+            return False
+        last_alive = Session.objects.filter(id=session_id).values_list("last_alive_at", flat=True).first()
+        with contextlib.suppress(NotFound):  # never ran: nothing was metered
+            meter_close(
+                session_ref=str(session_id), ended_at=min(ended_at, last_alive) if last_alive else ended_at
+            )
+        if free and allocation_free(session_id=session_id):
+            _queue_dispatch()
+    return True
+
+
+def _queue_dispatch() -> None:
+    from provisioner.tasks import queue_dispatch_task
+
+    transaction.on_commit(lambda: queue_dispatch_task.delay())
+
+
+def session_freed_after_gone(*, session_ids) -> int:
+    """The agent no longer lists these ended sessions: free what they still hold. Returns how many."""
+    freed = 0
+    with transaction.atomic():
+        for session_id in session_ids:
+            freed += allocation_free(session_id=session_id)
+        if freed:
+            _queue_dispatch()
+    return freed
+
+
+def session_mark_starting(*, session_id) -> bool:
+    """The agent accepted the workload spec."""
+    return (
+        _transition(
+            session_id, from_states=[S.PLACING], to=S.STARTING, reason="The agent is starting Jupyter"
+        )
+        is not None
+    )
+
+
+def session_mark_running(*, session_id, upstream: str, at: datetime | None = None) -> bool:
+    """The agent reported the workload running: → running and the meter opens at ``at``. Idempotent."""
+    from billing.services.metering import meter_open
+    from billing.services.pricing import PriceQuote
+
+    at = at or timezone.now()
+    with transaction.atomic():
+        left = _transition(
+            session_id,
+            from_states=[S.PLACING, S.STARTING],
+            to=S.RUNNING,
+            reason="Jupyter is running",
+            at=at,
+            upstream=upstream or "",
+            last_alive_at=at,
+            last_active_at=at,
+        )
+        if left is None:
+            return False
+        session = Session.objects.select_related("account", "gpu_model", "profile").get(id=session_id)
+        meter_open(
+            account=session.account,
+            session_ref=session.ref,
+            gpu_model=session.gpu_model.name if session.gpu_model else "",
+            profile=session.profile.name,
+            quote=PriceQuote(
+                session.price_id, session.price_micros_per_hour, session.card_burn_micros_per_hour
+            ),
+            started_at=at,
+        )
+    return True
+
+
+def session_start_failed(*, session_id, reason: str) -> bool:
+    """The agent refused the spec or Jupyter never came up: → failed, slots freed."""
+    return session_end(
+        session_id=session_id, to=S.FAILED, reason=reason, from_states=[S.PLACING, S.STARTING, S.RUNNING]
+    )
+
+
+# --- the queue ---------------------------------------------------------------------------------------
+
+
+def queue_order(sessions: list[Session]) -> list[Session]:
+    """FCFS within a priority, round-robin between accounts: the n-th waiting session of every account
+    goes before the (n+1)-th of any."""
+    rank: dict[int, int] = {}
+    keyed = []
+    for session in sorted(sessions, key=lambda s: (s.queued_at or s.created_at, str(s.id))):
+        rank[session.account_id] = rank.get(session.account_id, 0) + 1
+        keyed.append(((-session.queue_priority, rank[session.account_id], session.queued_at), session))
+    return [s for _key, s in sorted(keyed, key=lambda pair: pair[0])]
+
+
+def queue_dispatch(*, now: datetime | None = None) -> int:
+    """Place waiting sessions while capacity allows; fail those that waited longer than their longest
+    wait. Per GPU model, strict queue order: the first that does not fit blocks the ones behind it of
+    that model (no starvation of large requests). One short transaction per session (account, user,
+    devices locks, as in launch). Returns how many were placed."""
+    from billing.services.metering import account_can_launch
+    from billing.services.pricing import PriceQuote
+
+    now = now or timezone.now()
+    waiting = list(Session.objects.filter(state=S.QUEUED).select_related("gpu_model", "profile", "account"))
+    for session in waiting:
+        if session.queued_at and now - session.queued_at > timedelta(seconds=session.queue_max_wait_seconds):
+            session_end(
+                session_id=session.id,
+                to=S.FAILED,
+                from_states=[S.QUEUED],
+                reason=f"Waited longer than {session.queue_max_wait_seconds // 60} minutes in the queue",
+            )
+    waiting = [s for s in waiting if Session.objects.filter(id=s.id, state=S.QUEUED).exists()]
+    placed = 0
+    blocked: set = set()
+    for session in queue_order(waiting):
+        key = session.gpu_model_id
+        if key in blocked:
+            continue
+        try:
+            with transaction.atomic():
+                Account.objects.select_for_update().filter(id=session.account_id).first()
+                get_user_model().objects.select_for_update().filter(pk=session.owner_id).first()
+                if not Session.objects.filter(id=session.id, state=S.QUEUED).exists():
+                    continue
+                quote = PriceQuote(
+                    session.price_id, session.price_micros_per_hour, session.card_burn_micros_per_hour
+                )
+                account_can_launch(
+                    account=session.account,
+                    quote=quote,
+                    gpu_model=session.gpu_model.name if session.gpu_model else "",
+                )
+                if _place(session, model=session.gpu_model, profile=session.profile):
+                    placed += 1
+                else:
+                    blocked.add(key)
+        except ApplicationError as exc:
+            session_end(session_id=session.id, to=S.FAILED, from_states=[S.QUEUED], reason=exc.message)
+        except IntegrityError:
+            log.exception("queue dispatch of %s", session.id)
+    return placed
+
+
+# --- limits: longest session and idle ------------------------------------------------------------------
+
+
+def sessions_enforce_limits(*, now: datetime | None = None) -> dict[str, int]:
+    """Stop running sessions past their longest time, or idle past their idle time (warned first, once).
+    Returns counts. Each stop is a conditional update; safe to run anywhere, any time."""
+    now = now or timezone.now()
+    counts = {"max_duration": 0, "idle": 0, "warned": 0}
+    running = Session.objects.filter(state=S.RUNNING).values_list(
+        "id", "running_at", "max_seconds", "idle_seconds", "last_active_at", "idle_warned_at"
+    )
+    for session_id, running_at, max_seconds, idle_seconds, last_active_at, warned_at in running:
+        if running_at and now - running_at >= timedelta(seconds=max_seconds):
+            session_stop(session=Session(id=session_id), actor=None, reason="longest session time reached")
+            counts["max_duration"] += 1
+            continue
+        if not idle_seconds:
+            continue
+        idle_for = (now - (last_active_at or running_at or now)).total_seconds()
+        if idle_for >= idle_seconds:
+            session_stop(
+                session=Session(id=session_id), actor=None, reason=f"idle for {int(idle_for) // 60} minutes"
+            )
+            counts["idle"] += 1
+        elif (
+            idle_for >= max(0, idle_seconds - settings.SESSION_IDLE_WARN_SECONDS)
+            and warned_at is None
+            and Session.objects.filter(id=session_id, idle_warned_at__isnull=True).update(idle_warned_at=now)
+        ):
+            left = int(idle_seconds - idle_for)
+            session_event(
+                session_id=session_id,
+                kind="idle_warning",
+                message=f"No activity: this session stops in about {max(1, left // 60)} minutes unless used.",
+            )
+            counts["warned"] += 1
+    return counts
+
+
+def sessions_stop_for_funds(*, session_refs: list[str]) -> int:
+    """Billing's ``funds_exhausted``: stop those sessions (reason "funds exhausted")."""
+    stopped = 0
+    for ref in session_refs:
+        try:
+            session = Session.objects.filter(id=uuid.UUID(str(ref))).first()
+        except ValueError:
+            continue  # not one of ours (billing meters other references too)
+        if session is not None and session.state in Session.LIVE:
+            session_stop(session=session, actor=None, reason="funds exhausted")
+            stopped += 1
+    return stopped
+
+
+def node_sessions_lost(*, node: Node, reason: str) -> int:
+    """A node went down: its sessions on the node become lost, billed to their last alive time; their
+    slots stay held until the agent confirms the workloads gone (or an admin force-frees)."""
+    lost = 0
+    for session_id, last_alive in Session.objects.filter(
+        node=node, state__in=[S.PLACING, S.STARTING, S.RUNNING, S.STOPPING]
+    ).values_list("id", "last_alive_at"):
+        lost += session_end(
+            session_id=session_id,
+            to=S.LOST,
+            reason=reason,
+            ended_at=last_alive or timezone.now(),
+            free=False,
+            from_states=[S.PLACING, S.STARTING, S.RUNNING, S.STOPPING],
+        )
+    return lost

@@ -1,0 +1,144 @@
+"""Celery tasks: thin, take ids, idempotent by session id. They drive agents over HTTP after the
+database has the desired state, and never hold a database lock across an agent call."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from celery import shared_task
+from django.conf import settings
+from django.utils import timezone
+
+from provisioner import agent_client
+from provisioner.models import Node, Session
+from provisioner.selectors import workload_spec
+from provisioner.services import sessions as lifecycle
+from provisioner.services.heartbeats import nodes_liveness_sweep
+
+log = logging.getLogger("provisioner.tasks")
+S = Session.State
+POLL_SECONDS = 2.0
+
+
+def _backoff(retries: int) -> float:
+    return min(2.0**retries, 30.0)
+
+
+def _session(session_id: str) -> Session | None:
+    return (
+        Session.objects.select_related("node", "device", "environment", "owner", "profile")
+        .filter(id=session_id)
+        .first()
+    )
+
+
+def _start_expired(session: Session) -> bool:
+    since = session.placed_at or session.created_at
+    return timezone.now() - since > timedelta(seconds=settings.SESSION_START_TIMEOUT_SECONDS)
+
+
+def _fail_start(session: Session, reason: str) -> None:
+    if lifecycle.session_start_failed(session_id=session.id, reason=reason):
+        workload_delete_task.delay(session.node_id, str(session.id))
+
+
+@shared_task(bind=True, max_retries=None, acks_late=True)
+def session_start_task(self, session_id: str) -> str:
+    """PUT the workload on its node's agent (idempotent there too), then poll until it runs."""
+    session = _session(session_id)
+    if session is None or session.state not in (S.PLACING, S.STARTING):
+        return "skip"
+    if _start_expired(session):
+        _fail_start(session, f"Jupyter did not start within {settings.SESSION_START_TIMEOUT_SECONDS} s")
+        return "timeout"
+    try:
+        agent_client.workload_put(session.node, workload_spec(session))
+    except agent_client.AgentRefusal as exc:
+        _fail_start(session, f"The node refused the workload ({exc.code}): {exc.message}")
+        return "refused"
+    except agent_client.AgentUnreachable as exc:
+        log.warning("start %s: %s", session_id, exc)
+        raise self.retry(countdown=_backoff(self.request.retries))
+    lifecycle.session_mark_starting(session_id=session.id)
+    session_poll_task.apply_async((session_id,), countdown=POLL_SECONDS)
+    return "put"
+
+
+@shared_task(bind=True, max_retries=None, acks_late=True)
+def session_poll_task(self, session_id: str) -> str:
+    """Until the session runs (or fails, or times out): GET its workload from the agent."""
+    session = _session(session_id)
+    if session is None or session.state not in (S.PLACING, S.STARTING):
+        return "skip"
+    if _start_expired(session):
+        _fail_start(session, f"Jupyter did not start within {settings.SESSION_START_TIMEOUT_SECONDS} s")
+        return "timeout"
+    try:
+        status = agent_client.workload_get(session.node, session_id)
+    except (agent_client.AgentUnreachable, agent_client.AgentRefusal) as exc:
+        log.warning("poll %s: %s", session_id, exc)
+        raise self.retry(countdown=_backoff(self.request.retries))
+    if status is None:
+        session_start_task.delay(session_id)  # the agent lost it (restart): put it again
+        return "re-put"
+    if status.get("state") == "running":
+        lifecycle.session_mark_running(session_id=session.id, upstream=status.get("upstream") or "")
+        return "running"
+    if status.get("state") in ("exited", "failed"):
+        _fail_start(session, f"Jupyter could not start: {status.get('exit_reason') or status.get('state')}")
+        return "failed"
+    self.apply_async((session_id,), countdown=POLL_SECONDS)
+    return "waiting"
+
+
+@shared_task(bind=True, max_retries=None, acks_late=True)
+def session_stop_task(self, session_id: str) -> str:
+    """DELETE the workload; once the agent confirms it gone, the session is stopped and its slots freed.
+    While the agent cannot be reached, retry with backoff (a down node's sessions end as lost)."""
+    session = _session(session_id)
+    if session is None or session.state != S.STOPPING:
+        return "skip"
+    if session.node is None or session.node.state == Node.State.DOWN:
+        return "node-down"
+    try:
+        agent_client.workload_delete(session.node, session_id)
+    except (agent_client.AgentUnreachable, agent_client.AgentRefusal) as exc:
+        log.warning("stop %s: %s", session_id, exc)
+        raise self.retry(countdown=_backoff(self.request.retries))
+    lifecycle.session_end(
+        session_id=session.id, to=S.STOPPED, reason=session.reason or "Stopped", from_states=[S.STOPPING]
+    )
+    return "stopped"
+
+
+@shared_task(bind=True, max_retries=8, acks_late=True)
+def workload_delete_task(self, node_id: int, session_id: str) -> str:
+    """Best effort: remove a failed session's workload from its agent (the heartbeat heals the rest)."""
+    node = Node.objects.filter(id=node_id).first()
+    if node is None:
+        return "skip"
+    try:
+        agent_client.workload_delete(node, session_id)
+    except (agent_client.AgentUnreachable, agent_client.AgentRefusal):
+        raise self.retry(countdown=_backoff(self.request.retries))
+    return "deleted"
+
+
+@shared_task
+def nodes_liveness_task() -> list[str]:
+    return nodes_liveness_sweep()
+
+
+@shared_task
+def queue_dispatch_task() -> int:
+    return lifecycle.queue_dispatch()
+
+
+@shared_task
+def sessions_enforce_limits_task() -> dict:
+    counts = lifecycle.sessions_enforce_limits()
+    cutoff = timezone.now() - timedelta(seconds=settings.SESSION_START_TIMEOUT_SECONDS)
+    for session in Session.objects.filter(state__in=[S.PLACING, S.STARTING], placed_at__lt=cutoff):
+        _fail_start(session, f"Jupyter did not start within {settings.SESSION_START_TIMEOUT_SECONDS} s")
+    return counts

@@ -1,0 +1,175 @@
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from billing import signals
+from billing.errors import InsufficientFunds, NotFound
+from billing.models import Meter
+from billing.services.ledger import wallet_for
+from billing.services.metering import (
+    account_can_launch,
+    db_now,
+    meter_alive,
+    meter_close,
+    meter_cost,
+    meter_open,
+    metering_tick,
+)
+from billing.services.pricing import price_quote
+from tests.billing.conftest import A100, assert_ledger_invariants, fund, make_account
+
+pytestmark = pytest.mark.django_db
+
+
+def _open(account, ref="s1", model=A100, profile="whole", started=None):
+    quote = price_quote(gpu_model=model, profile=profile)
+    started = started or db_now() - timedelta(hours=2)
+    return meter_open(
+        account=account, session_ref=ref, gpu_model=model, profile=profile, quote=quote, started_at=started
+    )
+
+
+def test_tick_bills_by_the_second_up_to_last_alive(prices):
+    account = make_account()
+    fund(account, 100_000_000)
+    meter = _open(account)
+    meter_alive(session_refs=["s1"], alive_at=meter.started_at + timedelta(seconds=61))
+    metering_tick(now=meter.started_at + timedelta(hours=1))
+    meter.refresh_from_db()
+    assert meter.billed_seconds == 61
+    assert meter.charged_micros == 12_000_000 * 61 // 3600
+    assert wallet_for(account=account).balance_micros == 100_000_000 - meter.charged_micros
+    assert_ledger_invariants()
+
+
+def test_tick_is_cumulative_and_never_drifts(prices):
+    account = make_account()
+    fund(account, 100_000_000)
+    meter = _open(account, profile="1/8")  # 1,500,000 / h: 416.67 per second
+    start = meter.started_at
+    meter_alive(session_refs=["s1"], alive_at=start + timedelta(hours=1))
+    for second in range(61, 3601, 61):
+        metering_tick(now=start + timedelta(seconds=second))
+    meter_close(session_ref="s1", ended_at=start + timedelta(hours=5))
+    meter.refresh_from_db()
+    assert meter.billed_seconds == 3600
+    assert meter.charged_micros == 1_500_000
+    assert meter.state == Meter.State.CLOSED
+    assert_ledger_invariants()
+
+
+def test_posts_at_most_once_a_minute_and_accrues_between(prices):
+    account = make_account()
+    fund(account, 100_000_000)
+    meter = _open(account)
+    start = meter.started_at
+    meter_alive(session_refs=["s1"], alive_at=start + timedelta(hours=1))
+    metering_tick(now=start + timedelta(seconds=60))
+    meter.refresh_from_db()
+    posted = meter.transfers.count()
+    metering_tick(now=start + timedelta(seconds=90))
+    meter.refresh_from_db()
+    assert meter.transfers.count() == posted
+    assert meter.billed_seconds == 90 and meter.posted_seconds == 60
+    assert meter.accrued_micros == 12_000_000 * 90 // 3600 - 12_000_000 * 60 // 3600
+    assert meter_cost(session_ref="s1").accrued_micros == meter.accrued_micros
+
+
+def test_replayed_tick_bills_nothing_twice(prices):
+    account = make_account()
+    fund(account, 100_000_000)
+    meter = _open(account)
+    meter_alive(session_refs=["s1"], alive_at=meter.started_at + timedelta(seconds=600))
+    now = meter.started_at + timedelta(seconds=600)
+    metering_tick(now=now)
+    before = wallet_for(account=account).balance_micros
+    metering_tick(now=now)
+    metering_tick(now=now + timedelta(minutes=5))
+    assert wallet_for(account=account).balance_micros == before
+    assert_ledger_invariants()
+
+
+def test_overshoot_goes_to_overdraft_and_signals_exhaustion(prices):
+    account = make_account()
+    fund(account, 1_000_000)  # 5 minutes of an A100
+    meter = _open(account)
+    meter_alive(session_refs=["s1"], alive_at=meter.started_at + timedelta(seconds=600))
+    got = []
+
+    def on_exhausted(sender, session_refs, **kwargs):
+        got.append(session_refs)
+
+    signals.funds_exhausted.connect(on_exhausted)
+    try:
+        from django.test import TestCase
+
+        with TestCase.captureOnCommitCallbacks(execute=True):
+            result = metering_tick(now=meter.started_at + timedelta(seconds=600))
+    finally:
+        signals.funds_exhausted.disconnect(on_exhausted)
+    assert result.exhausted_session_refs == ["s1"]
+    assert got == [["s1"]]
+    cost = meter_cost(session_ref="s1")
+    assert cost.wallet_micros == 1_000_000
+    assert cost.overdraft_micros == 2_000_000 - 1_000_000
+    fund(account, 5_000_000)  # the overdraft is recovered first
+    assert wallet_for(account=account).balance_micros == 4_000_000
+    assert_ledger_invariants()
+
+
+def test_runway_low_warns_once(prices):
+    account = make_account()
+    fund(account, 1_500_000)  # 7.5 minutes of an A100
+    meter = _open(account)
+    got = []
+
+    def on_low(sender, account_id, runway_seconds, session_refs, **kwargs):
+        got.append((account_id, runway_seconds, session_refs))
+
+    signals.runway_low.connect(on_low)
+    try:
+        from django.test import TestCase
+
+        with TestCase.captureOnCommitCallbacks(execute=True):
+            metering_tick(now=meter.started_at + timedelta(seconds=10))
+            metering_tick(now=meter.started_at + timedelta(seconds=20))
+    finally:
+        signals.runway_low.disconnect(on_low)
+    assert got == [(account.id, 450, ["s1"])]
+
+
+def test_admission_needs_minutes_of_funds(prices):
+    account = make_account()
+    quote = price_quote(gpu_model=A100, profile="whole")
+    with pytest.raises(InsufficientFunds):
+        account_can_launch(account=account, quote=quote, gpu_model=A100)
+    fund(account, 2_000_000)  # exactly 10 minutes
+    account_can_launch(account=account, quote=quote, gpu_model=A100)
+
+
+def test_meter_open_is_idempotent_and_close_is_final(prices):
+    account = make_account()
+    fund(account, 10_000_000)
+    first = _open(account)
+    assert _open(account).id == first.id
+    meter_alive(session_refs=["s1"], alive_at=first.started_at + timedelta(seconds=30))
+    closed = meter_close(session_ref="s1", ended_at=first.started_at + timedelta(seconds=100))
+    assert closed.billed_seconds == 30  # never past the last alive
+    again = meter_close(session_ref="s1", ended_at=first.started_at + timedelta(seconds=500))
+    assert again.billed_seconds == 30 and again.charged_micros == closed.charged_micros
+    assert meter_alive(session_refs=["s1"], alive_at=first.started_at + timedelta(hours=1)) == 0
+    with pytest.raises(NotFound):
+        meter_close(session_ref="nope", ended_at=first.started_at)
+    assert_ledger_invariants()
+
+
+def test_tick_uses_database_clock_by_default(prices):
+    account = make_account()
+    fund(account, 10_000_000)
+    meter = _open(account, started=db_now() - timedelta(seconds=120))
+    meter_alive(session_refs=["s1"], alive_at=db_now() + timedelta(hours=1))
+    metering_tick()
+    meter.refresh_from_db()
+    assert 119 <= meter.billed_seconds <= 125

@@ -1,0 +1,110 @@
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import stripe
+from django.test import Client, override_settings
+
+from billing.models import TopUp, Transfer
+from billing.services.ledger import overdraft_for, wallet_for
+from billing.services.topups import topup_create
+from tests.billing.conftest import make_account
+from tests.billing.test_concurrency import SECRET, _paid_event, _signed
+
+pytestmark = pytest.mark.django_db
+
+
+def _post(body: bytes, header: str):
+    return Client().post(
+        "/api/stripe/webhook", body, content_type="application/json", HTTP_STRIPE_SIGNATURE=header
+    )
+
+
+@override_settings(STRIPE_WEBHOOK_SECRET=SECRET)
+def test_signed_webhook_credits_wallet_once_and_recovers_overdraft():
+    account = make_account()
+    od = overdraft_for(account=account)
+    od.balance_micros = 0
+    TopUp.objects.create(
+        account=account, amount_micros=50_000_000, currency="CNY", checkout_session_id="cs_ok"
+    )
+    body, header = _signed(_paid_event("cs_ok", 5000))
+    assert _post(body, header).status_code == 200
+    assert _post(body, header).json()["outcome"] == "already credited"
+    assert wallet_for(account=account).balance_micros == 50_000_000
+    assert TopUp.objects.get().state == "paid"
+
+
+@override_settings(STRIPE_WEBHOOK_SECRET=SECRET)
+def test_bad_and_stale_signatures_are_400_and_move_nothing():
+    account = make_account()
+    TopUp.objects.create(
+        account=account, amount_micros=50_000_000, currency="CNY", checkout_session_id="cs_x"
+    )
+    body, header = _signed(_paid_event("cs_x", 5000), secret="whsec_wrong")
+    assert _post(body, header).status_code == 400
+    body, header = _signed(_paid_event("cs_x", 5000), at=int(time.time()) - 3600)
+    assert _post(body, header).status_code == 400
+    assert _post(body, "").status_code == 400
+    assert not Transfer.objects.exists()
+
+
+@override_settings(STRIPE_WEBHOOK_SECRET=SECRET)
+def test_unknown_and_unpaid_events_change_nothing():
+    body, header = _signed({"id": "evt", "type": "customer.created", "data": {"object": {"id": "cus"}}})
+    assert _post(body, header).json()["outcome"] == "ignored"
+    unpaid = _paid_event("cs_u", 5000)
+    unpaid["data"]["object"]["payment_status"] = "unpaid"
+    body, header = _signed(unpaid)
+    assert _post(body, header).json()["outcome"] == "not paid"
+    assert not Transfer.objects.exists()
+
+
+FAKE = Path(__file__).with_name("fake_stripe.py")
+
+
+@pytest.fixture
+def localstripe_url():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    process = subprocess.Popen(
+        [sys.executable, str(FAKE), "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(100):
+        try:
+            httpx.get(url + "/v1/customers", headers={"Authorization": "Bearer sk_test_x"}, timeout=0.5)
+            break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    yield url
+    process.terminate()
+    process.wait(timeout=10)
+
+
+def test_checkout_session_is_created_on_localstripe(localstripe_url, settings):
+    settings.STRIPE_SECRET_KEY = "sk_test_x"
+    settings.STRIPE_API_BASE = localstripe_url
+    account = make_account()
+    try:
+        topup = topup_create(account=account, amount_micros=25_000_000, idempotency_key="k1")
+    finally:
+        stripe.api_base = "https://api.stripe.com"
+    assert topup.checkout_session_id.startswith("cs_")
+    assert topup.checkout_url
+    assert topup.state == "pending"
+    session = httpx.get(
+        f"{localstripe_url}/v1/checkout/sessions/{topup.checkout_session_id}",
+        headers={"Authorization": "Bearer sk_test_x"},
+    ).json()
+    assert session["amount_total"] == 2500 and session["mode"] == "payment"
+    assert session["success_url"].startswith(settings.SITE_URL.rstrip("/") + "/wallet/")
+    assert json.loads(json.dumps(session["metadata"]))["account_id"] == str(account.id)
