@@ -59,3 +59,26 @@ def code_normalize(raw: str) -> str:
 
 def code_hash(data: str) -> str:
     return hmac.new(settings.SECRET_KEY.encode(), data.encode(), hashlib.sha256).hexdigest()
+
+
+def codes_csv(*, batch, codes: list[str]) -> str:
+    """The one-time export of a freshly issued batch: one row per code (the codes are not stored)."""
+    import csv
+    import io
+
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(["code", "hours", "label", "batch", "valid_days", "valid_until", "gpu_models"])
+    for code in codes:
+        writer.writerow(
+            [
+                code,
+                f"{batch.hours_micros / 1_000_000:g}",
+                batch.label,
+                batch.pk,
+                batch.valid_days or "",
+                batch.valid_until.isoformat() if batch.valid_until else "",
+                " ".join(batch.gpu_models),
+            ]
+        )
+    return out.getvalue()

@@ -156,11 +156,13 @@ def funds_live(request: HttpRequest) -> HttpResponse:
 @login_required
 def dashboard(request: HttpRequest) -> HttpResponse:
     from portal.selectors import team_list_for_user
+    from portal.session_pages import running_sessions
 
     account = _account(request)
     context = _money_context(request, account) | {
         "teams": team_list_for_user(user=request.user),
         "spend": daily_spend(account=account),
+        "running": running_sessions(user=request.user),
     }
     return render(request, "portal/dashboard.html", context)
 

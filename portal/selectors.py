@@ -25,3 +25,51 @@ def accounts_payable_by(*, user: User) -> list[Account]:
     accounts = [user.account] if user.account_id else []
     accounts += [m.team.account for m in Membership.objects.select_related("team__account").filter(user=user)]
     return accounts
+
+
+def user_for_django_session(*, django_session_key: str) -> User | None:
+    """The logged-in, active user of a Django session key (as the cookie carries it), or None."""
+    from django.conf import settings
+    from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY
+    from django.contrib.sessions.backends.base import SessionBase
+    from django.utils.crypto import constant_time_compare
+    from django.utils.module_loading import import_string
+
+    if not django_session_key:
+        return None
+    store: SessionBase = import_string(f"{settings.SESSION_ENGINE}.SessionStore")(django_session_key)
+    try:
+        user_id = store.get(SESSION_KEY)
+        backend = store.get(BACKEND_SESSION_KEY)
+    except Exception:  # a corrupt or foreign session is simply no session
+        return None
+    if user_id is None or backend not in settings.AUTHENTICATION_BACKENDS:
+        return None
+    user = User.objects.filter(pk=user_id, is_active=True).first()
+    if user is None:
+        return None
+    # A password change ends the sessions made before it, as Django's own middleware does.
+    if not constant_time_compare(store.get(HASH_SESSION_KEY, ""), user.get_session_auth_hash()):
+        return None
+    return user
+
+
+def jupyter_route(*, django_session_key: str, session_id: str):
+    """For the Jupyter proxy: a Route to the running session of the cookie's user, a Refusal (the
+    session is theirs but not running: show its page), or None (no such session, or not theirs: the
+    same 404 either way)."""
+    from billing.errors import NotFound
+    from portal.proxy import Refusal, Route
+    from provisioner.selectors import session_jupyter_target
+
+    user = user_for_django_session(django_session_key=django_session_key)
+    if user is None:
+        return None
+    try:
+        target = session_jupyter_target(user=user, session_id=session_id)
+    except NotFound:
+        return None
+    if isinstance(target, tuple):
+        upstream, token = target
+        return Route(upstream=upstream, token=token)
+    return Refusal(status=409, state=target.state, session_url=f"/sessions/{target.id}/")

@@ -3,7 +3,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from portal import api, pages, views
+from portal import api, pages, session_pages, views
 
 urlpatterns = [
     path("", views.home, name="home"),
@@ -28,6 +28,13 @@ urlpatterns = [
     path("wallet/statement.csv", pages.wallet_statement_csv, name="wallet_statement_csv"),
     path("live/funds", pages.funds_live, name="funds_live"),
     path("cards/", pages.cards, name="cards"),
+    path("launch/", session_pages.launch, name="launch"),
+    path("sessions/", session_pages.session_list, name="session_list"),
+    path("sessions/<uuid:session_id>/", session_pages.session_detail, name="session_detail"),
+    path("sessions/<uuid:session_id>/live", session_pages.session_live, name="session_live"),
+    path("sessions/<uuid:session_id>/stop", session_pages.session_stop_view, name="session_stop"),
+    path("live/sessions", session_pages.running_live, name="running_live"),
+    path("operations/", session_pages.operations, name="operations"),
     path("profile/", views.profile, name="profile"),
     path("language/", views.language_set, name="language_set"),
     path("teams/", views.team_list, name="team_list"),

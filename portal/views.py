@@ -25,7 +25,9 @@ from portal.models import AccessToken, Membership, TeamInvite, User
 
 
 def home(request: HttpRequest) -> HttpResponse:
-    return render(request, "portal/home.html")
+    from portal.session_pages import landing_prices
+
+    return render(request, "portal/home.html", {"catalog": landing_prices()})
 
 
 def signup(request: HttpRequest) -> HttpResponse:

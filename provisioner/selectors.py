@@ -109,12 +109,13 @@ class QueuePlace:
 def queue_place(*, session: Session) -> QueuePlace | None:
     """Where a queued session stands among those waiting for the same GPU model, and a rough wait:
     position × the median recent session length ÷ the model's devices. None unless queued."""
-    from provisioner.services.sessions import queue_order
+    from provisioner.services.sessions import queue_order, queue_served
 
     if session.state != Session.State.QUEUED:
         return None
     waiting = list(Session.objects.filter(state=Session.State.QUEUED, gpu_model=session.gpu_model_id))
-    ordered = [s.id for s in queue_order(waiting)]
+    served = queue_served(account_ids=[s.account_id for s in waiting])
+    ordered = [s.id for s in queue_order(waiting, served=served)]
     position = ordered.index(session.id) + 1 if session.id in ordered else len(ordered) + 1
     recent = list(
         Session.objects.filter(

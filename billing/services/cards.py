@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
+from django.utils import timezone
 
 from billing.codes import CodeMalformed, CodeMistyped, code_generate, code_hash, code_normalize
 from billing.errors import Conflict, NotFound, RateLimited, ValidationFailed
@@ -164,7 +165,10 @@ def card_redeem(*, user, account: Account, code: str, ip: str | None = None) -> 
         )
     except CodeMalformed:
         raise ValidationFailed("That is not an invite code.", code="code_invalid", fields={"code": "invalid"})
-    now = db_now()
+    return _redeem_code(user=user, account=account, data=data, now=db_now())
+
+
+def _redeem_code(*, user, account: Account, data: str, now: datetime) -> Card:
     with transaction.atomic():
         invite = InviteCode.objects.select_for_update().filter(code_hash=code_hash(data)).first()
         if invite is None:
@@ -182,6 +186,9 @@ def card_redeem(*, user, account: Account, code: str, ip: str | None = None) -> 
             raise ValidationFailed("That card has expired.", code="code_expired")
         if card.state not in (Card.State.UNREDEEMED, Card.State.GIFTED):
             raise Conflict("That code has already been redeemed.", code="code_used")
+        if card.batch.one_per_user and card.parent_id is None:
+            # two codes of one batch redeemed by one user at once: the user row serialises them
+            type(user).objects.select_for_update(no_key=True).filter(pk=user.pk).first()
         if (
             card.batch.one_per_user
             and card.parent_id is None
@@ -398,43 +405,83 @@ def card_expire(*, now: datetime | None = None) -> int:
     return done
 
 
+REMINDER_DAYS = (7, 1)
+
+
 def card_remind(*, now: datetime | None = None) -> int:
-    """Leave one notification 7 days and one 1 day before an active card with hours left expires.
-    Idempotent (a unique dedupe key per card and lead time). Returns notifications made."""
+    """Remind the holder of an active card with hours left 7 days and again 1 day before it expires: a
+    Notification on the card's account (shown on its pages) and an email to whoever redeemed it.
+
+    Idempotent: one reminder per card and lead time (a unique dedupe key); a card found inside the
+    last day gets only the 1-day reminder. Mail goes out after commit. Returns notifications made.
+    """
     now = now or db_now()
-    made = 0
-    for days in (7, 1):
-        cards = Card.objects.filter(
-            state=Card.State.ACTIVE,
-            owner__isnull=False,
-            ledger_account__balance_micros__gt=0,
-            expires_at__gt=now,
-            expires_at__lte=now + timedelta(days=days),
-        ).select_related("ledger_account")
-        for card in cards:
-            hours = card.ledger_account.balance_micros / 1e6
-            _, created = Notification.objects.get_or_create(
-                dedupe_key=f"card:{card.id}:expiry:{days}d",
-                defaults={
-                    "account_id": card.owner_id,
-                    "kind": "card_expiry",
-                    "message": f"Your compute card #{card.id} with {hours:.2f} h left expires in under "
-                    f"{days} day{'s' if days > 1 else ''}.",
-                },
+    made: list[tuple[Card, int]] = []
+    with transaction.atomic():
+        for days, sooner in zip(REMINDER_DAYS, [*REMINDER_DAYS[1:], 0], strict=True):
+            cards = Card.objects.filter(
+                state=Card.State.ACTIVE,
+                owner__isnull=False,
+                ledger_account__balance_micros__gt=0,
+                expires_at__gt=now + timedelta(days=sooner),
+                expires_at__lte=now + timedelta(days=days),
+            ).select_related("ledger_account", "redeemed_by")
+            for card in cards:
+                _, created = Notification.objects.get_or_create(
+                    dedupe_key=f"card:{card.id}:expiry:{days}d",
+                    defaults={
+                        "account_id": card.owner_id,
+                        "kind": "card_expiry",
+                        "message": _reminder_text(card, days),
+                    },
+                )
+                if created:
+                    made.append((card, days))
+        transaction.on_commit(lambda: _reminder_mail(made))
+    return len(made)
+
+
+def _reminder_text(card: Card, days: int) -> str:
+    hours = card.ledger_account.balance_micros / 1_000_000
+    return (
+        f"Your compute card #{card.id} with {hours:.2f} h left expires in under {days} "
+        f"day{'s' if days > 1 else ''} ({card.expires_at:%Y-%m-%d %H:%M} UTC)."
+    )
+
+
+def _reminder_mail(made: list[tuple[Card, int]]) -> None:
+    from django.core.mail import send_mail
+
+    for card, days in made:
+        email = getattr(card.redeemed_by, "email", "") if card.redeemed_by_id else ""
+        if email:
+            send_mail(
+                subject=f"Your compute card expires in under {days} day{'s' if days > 1 else ''}",
+                message=_reminder_text(card, days) + "\nUse its hours before then; what is left expires.",
+                from_email=None,
+                recipient_list=[email],
+                fail_silently=True,
             )
-            made += created
-    return made
 
 
-def card_daily_grant(*, user, account: Account, day: str) -> Card | None:
-    """The daily-activity grant (off unless CARD_DAILY_GRANT_MICROS > 0): one one-day card per user per
-    ``day`` (ISO date), issued and redeemed at once. Idempotent per user and day."""
+def card_daily_grant(*, user, account: Account, now: datetime | None = None) -> Card | None:
+    """The daily grant (admin policy, off unless CARD_DAILY_GRANT_MICROS > 0): CARD_DAILY_GRANT_MICROS
+    free card-hours a day for ``user`` on ``account``, not cumulative (one card per user per local day)
+    and expiring at the end of that day. Idempotent per user and day; the grant card cannot be split.
+    Returns the day's card, or None when the policy is off."""
     hours = settings.CARD_DAILY_GRANT_MICROS
     if hours <= 0:
         return None
-    label = f"daily grant {day}"
-    existing = Card.objects.filter(batch__label=label, redeemed_by=user).first()
-    if existing:
-        return existing
-    _, (code,) = card_batch_issue(hours_micros=hours, count=1, valid_days=1, max_parts=0, label=label)
-    return card_redeem(user=user, account=account, code=code)
+    local = timezone.localtime(now or db_now())
+    label = f"daily grant {local.date().isoformat()}"
+    end_of_day = local.replace(hour=0, minute=0, second=0, microsecond=0) + timedelta(days=1)
+    with transaction.atomic():
+        # one grant per user and day, also when two requests race: lock the user row first
+        type(user).objects.select_for_update(no_key=True).filter(pk=user.pk).first()
+        existing = Card.objects.filter(batch__label=label, redeemed_by=user).first()
+        if existing:
+            return existing
+        _, (code,) = card_batch_issue(
+            hours_micros=hours, count=1, valid_until=end_of_day, max_parts=0, label=label
+        )
+        return _redeem_code(user=user, account=account, data=code_normalize(code), now=local)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+import psycopg
 from django.conf import settings
 from django.db import connection, transaction
 
@@ -53,6 +54,13 @@ def db_now() -> datetime:
     with connection.cursor() as cursor:
         cursor.execute("SELECT clock_timestamp()")
         return cursor.fetchone()[0]
+
+
+def _bulk_cursor() -> psycopg.Cursor:
+    """A cursor on the current connection and transaction with server-side parameter binding: Django's
+    default client-side binding quotes every element of a 10,000-long array parameter in Python."""
+    connection.ensure_connection()
+    return psycopg.Cursor(connection.connection)
 
 
 def _cost(rate_per_hour: int, seconds: int) -> int:
@@ -245,7 +253,7 @@ def metering_tick(*, now: datetime | None = None) -> TickResult:
     finds it taken returns at once), meters locked by a concurrent ``meter_close`` are left to the next
     tick. Sends ``runway_low`` and ``funds_exhausted`` after commit.
     """
-    with transaction.atomic(), connection.cursor() as cursor:
+    with transaction.atomic(), _bulk_cursor() as cursor:
         cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [TICK_LOCK_KEY])
         if not cursor.fetchone()[0]:
             return TickResult(0, 0, 0, [])
@@ -282,7 +290,7 @@ def _post(meters: list[dict], *, now: datetime) -> int:
     revenue = system_account(kind=LedgerAccount.Kind.REVENUE, unit=unit)
     burned = system_account(kind=LedgerAccount.Kind.CARD_BURN, unit=CARD_UNIT)
     account_ids = sorted({m["account_id"] for m in meters})
-    with connection.cursor() as cursor:
+    with _bulk_cursor() as cursor:
         cursor.execute(
             """
             INSERT INTO billing_ledgeraccount (kind, owner_id, unit, balance_micros, version, created_at)
@@ -294,7 +302,8 @@ def _post(meters: list[dict], *, now: datetime) -> int:
         )
         cursor.execute(
             """
-            SELECT la.id, la.kind, la.owner_id, la.balance_micros, c.gpu_models, c.expires_at
+            SELECT la.id, la.kind, la.owner_id, la.balance_micros,
+                   ARRAY(SELECT jsonb_array_elements_text(c.gpu_models)) AS models, c.expires_at
             FROM billing_ledgeraccount la LEFT JOIN billing_card c ON c.ledger_account_id = la.id
             WHERE la.id = ANY(%(system)s)
                OR (la.owner_id = ANY(%(accounts)s) AND (

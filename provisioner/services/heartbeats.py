@@ -23,6 +23,8 @@ from provisioner.services import sessions as lifecycle
 
 S = Session.State
 WORKLOAD_STATES = ("starting", "running", "exited", "failed")
+MAX_INDEX = 32767  # the columns' ranges: a figure outside them is garbage, not a bigger GPU
+MAX_MIB = 2**31 - 1
 
 
 # --- validation --------------------------------------------------------------------------------------
@@ -69,11 +71,11 @@ def heartbeat_validate(body) -> dict:
                     errors[f"{where}.uuid"] = "listed twice"
                 else:
                     seen.add(gpu["uuid"])
-                if not _is_int(gpu.get("index")) or gpu["index"] < 0:
-                    errors[f"{where}.index"] = "must be an integer ≥ 0"
+                if not _is_int(gpu.get("index")) or not 0 <= gpu["index"] <= MAX_INDEX:
+                    errors[f"{where}.index"] = f"must be an integer in 0..{MAX_INDEX}"
                 if not _str(gpu.get("name")):
                     errors[f"{where}.name"] = "must be a non-empty string"
-                if not _is_int(gpu.get("memory_total_mib")) or gpu["memory_total_mib"] < 0:
+                if not _is_int(gpu.get("memory_total_mib")) or not 0 <= gpu["memory_total_mib"] <= MAX_MIB:
                     errors[f"{where}.memory_total_mib"] = "must be an integer ≥ 0"
                 if "mig_mode" in gpu and not isinstance(gpu["mig_mode"], bool):
                     errors[f"{where}.mig_mode"] = "must be a boolean"
@@ -96,8 +98,9 @@ def heartbeat_validate(body) -> dict:
                         seen.add(mig["uuid"])
                     if not _str(mig.get("profile")):
                         errors[f"{mwhere}.profile"] = "must be a non-empty string"
-                    if not _is_int(mig.get("memory_total_mib", 0)):
-                        errors[f"{mwhere}.memory_total_mib"] = "must be an integer"
+                    mig_mib = mig.get("memory_total_mib", 0)
+                    if mig_mib is not None and (not _is_int(mig_mib) or not 0 <= mig_mib <= MAX_MIB):
+                        errors[f"{mwhere}.memory_total_mib"] = "must be an integer ≥ 0"
     metrics = body.get("metrics", {"gpus": []})
     if not isinstance(metrics, dict) or not isinstance(metrics.get("gpus", []), list):
         errors["metrics"] = "must be an object with a list of gpus"
@@ -154,6 +157,13 @@ class HeartbeatAnswer:
         }
 
 
+def _new_device_policy(node: Node) -> str:
+    """A GPU seen for the first time gets the node's ``sharing_policy`` label (what the host's tools
+    allow: fixed-share needs HAMi's libvgpu.so, equal-share MPS), else the model default."""
+    wanted = (node.labels or {}).get("sharing_policy") if isinstance(node.labels, dict) else None
+    return wanted if wanted in Device.Sharing.values else Device._meta.get_field("sharing_policy").default
+
+
 def _model_for(nvml_name: str, models: list[GpuModel]) -> GpuModel | None:
     return next((m for m in models if m.matches(nvml_name)), None)
 
@@ -174,11 +184,14 @@ def _record_inventory(node: Node, inventory: dict, now: datetime) -> dict[str, D
         )
     models = list(GpuModel.objects.all())
     existing = {
-        d.uuid: d for d in Device.objects.select_for_update(of=("self",)).filter(node=node).order_by("id")
+        d.uuid: d
+        for d in Device.objects.select_for_update(of=("self",), no_key=True).filter(node=node).order_by("id")
     }
     by_uuid: dict[str, Device] = {}
     for gpu in gpus:
-        device = existing.get(gpu["uuid"]) or Device(node=node, uuid=gpu["uuid"], kind=Device.Kind.PHYSICAL)
+        device = existing.get(gpu["uuid"]) or Device(
+            node=node, uuid=gpu["uuid"], kind=Device.Kind.PHYSICAL, sharing_policy=_new_device_policy(node)
+        )
         model = _model_for(gpu["name"], models)
         device.index = gpu["index"]
         device.nvml_name = gpu["name"][:100]
@@ -237,7 +250,7 @@ def _record_metrics(metrics: dict, devices: dict[str, Device], now: datetime) ->
                 device=device,
                 collected_at=collected,
                 gpu_util_percent=_small(sample.get("gpu_util_percent")),
-                memory_used_mib=_small(sample.get("memory_used_mib")),
+                memory_used_mib=_small(sample.get("memory_used_mib"), top=2**31 - 1),
                 temperature_c=_small(sample.get("temperature_c")),
                 power_w=sample.get("power_w"),
             )
@@ -248,8 +261,9 @@ def _record_metrics(metrics: dict, devices: dict[str, Device], now: datetime) ->
             cursor.execute(_PRUNE_SQL, [[s.device_id for s in samples], settings.DEVICE_SAMPLES_KEPT])
 
 
-def _small(value) -> int | None:
-    return None if value is None else int(max(-32768, min(value, 2**31 - 1)))
+def _small(value, *, top: int = 32767) -> int | None:
+    """A reported figure clamped into its column (smallint unless ``top`` says otherwise)."""
+    return None if value is None else int(max(-top - 1, min(value, top)))
 
 
 def _session_uuid(raw: str) -> uuid.UUID | None:
@@ -363,7 +377,7 @@ def heartbeat_record(*, node: Node, body) -> HeartbeatAnswer:
     body = heartbeat_validate(body)
     now = timezone.now()
     with transaction.atomic():
-        node = Node.objects.select_for_update().get(id=node.id)
+        node = Node.objects.select_for_update(no_key=True).get(id=node.id)
         devices = _record_inventory(node, body["inventory"], now)
         _record_metrics(body.get("metrics") or {}, devices, now)
         _record_workloads(node, body.get("workloads", []), now)

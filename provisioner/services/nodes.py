@@ -95,7 +95,7 @@ def node_set_state(*, node_id: int, action: str, actor=None, reason: str = "") -
         raise ValidationFailed(f"Unknown action {action!r}.")
     target = _TARGET[action]
     with transaction.atomic():
-        node = Node.objects.select_for_update().filter(id=node_id).first()
+        node = Node.objects.select_for_update(no_key=True).filter(id=node_id).first()
         if node is None:
             raise NotFound("No such node.")
         before = {"state": node.state}
@@ -130,7 +130,7 @@ def device_set_sharing_policy(*, device_id: int, sharing_policy: str, actor=None
     if sharing_policy not in Device.Sharing.values:
         raise ValidationFailed("Unknown sharing policy.", fields={"sharing_policy": "unknown"})
     with transaction.atomic():
-        device = Device.objects.select_for_update().filter(id=device_id).first()
+        device = Device.objects.select_for_update(no_key=True).filter(id=device_id).first()
         if device is None:
             raise NotFound("No such device.")
         if device.sharing_policy == sharing_policy:

@@ -1,56 +1,49 @@
 """Placement: which device and which slots a request gets.
 
 The decision is a pure in-process function over a ``FreeIndex`` (devices bucketed by their 8-bit
-slot mask), so the service, the property tests and ``bench/placement.py`` run the same code:
+slot mask), so the service, the property tests and ``bench/placement.py`` run the same code. The
+decision half imports nothing from Django's apps, so the bench runs it in a bare interpreter; the
+database half imports the models where it uses them.
 
 - ``whole`` takes a fully free physical GPU (exclusive GPUs first, so shared ones stay for slices);
 - a slice of ``s`` eighths takes an aligned block (buddy allocation: a 1/4 starts at 0, 2, 4 or 6) on
-  a GPU in a shared policy; of the free blocks it prefers the one inside the smallest free buddy
-  block, so a free half is never split while a stray quarter would do;
-- a MIG profile takes a free MIG device of that profile;
-- ``binpack`` (default) fills the most-used shared GPU first; ``spread`` the least used.
+  a GPU in a shared policy. ``binpack`` (the default) takes the block inside the smallest free buddy
+  block anywhere in the pool, so a free half (or a free card) is never split while a smaller hole
+  would do; among equal holes, the most used GPU. ``spread`` takes the least used GPU, and on it the
+  block inside the smallest free buddy block;
+- a MIG profile takes a free MIG device of that profile.
 
 A decision costs at most 256 bucket look-ups, whatever the fleet size.
 
 ``allocation_place`` is the database half: it reads candidates without locks, then tries them in
 preference order, each under ``SELECT … FOR UPDATE SKIP LOCKED`` in a savepoint, re-reading that
 device's slots under the lock; after a few rounds it falls back to locking every fitting candidate in
-id order (never a deadlock: the only device locks held are taken in one order). The unique
+id order (never a deadlock: the only device locks waited for are taken in one order). The unique
 (device, slot) constraint is the final word.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
-from django.db import IntegrityError, transaction
-from django.db.models import Q
-
-from provisioner.models import (
-    SLOTS_PER_GPU,
-    Allocation,
-    AllocationSlot,
-    Device,
-    GpuModel,
-    Node,
-    Profile,
-    Session,
-)
-
+SLOTS_PER_GPU = 8  # provisioner.models.SLOTS_PER_GPU; a test holds the two equal
 FULL = (1 << SLOTS_PER_GPU) - 1
+SLICE_SIZES = (1, 2, 4)
 EXCLUSIVE = "exclusive"
 SHARED = "shared"
 BINPACK = "binpack"
 SPREAD = "spread"
-FIRST_FIT = "first-fit"  # a baseline for the bench only
+WHOLE = "whole"
+SLICE = "slice"
+MIG = "mig"
 
 
 def block_mask(start: int, count: int) -> int:
     return ((1 << count) - 1) << start
 
 
-def _largest_free_buddy(mask: int, start: int, count: int) -> int:
+def largest_free_buddy(mask: int, start: int, count: int) -> int:
     """The size of the largest aligned, fully free block that contains [start, start+count)."""
     size = count
     while size < SLOTS_PER_GPU:
@@ -62,43 +55,38 @@ def _largest_free_buddy(mask: int, start: int, count: int) -> int:
     return size
 
 
+def aligned_starts(mask: int, count: int) -> list[int]:
+    """The starts of every free aligned block of ``count`` slots in ``mask``."""
+    return [s for s in range(0, SLOTS_PER_GPU, count) if not mask & block_mask(s, count)]
+
+
 def _best_start(mask: int, count: int) -> int | None:
-    best: tuple[int, int] | None = None
-    for start in range(0, SLOTS_PER_GPU, count):
-        if mask & block_mask(start, count):
-            continue
-        key = (_largest_free_buddy(mask, start, count), start)
-        if best is None or key < best:
-            best = key
-    return None if best is None else best[1]
+    """The free aligned block inside the smallest free buddy block (lowest start among equals)."""
+    starts = aligned_starts(mask, count)
+    if not starts:
+        return None
+    return min(starts, key=lambda s: (largest_free_buddy(mask, s, count), s))
 
 
-def _first_start(mask: int, count: int) -> int | None:
-    for start in range(0, SLOTS_PER_GPU, count):
-        if not mask & block_mask(start, count):
-            return start
-    return None
+# (mask, count) → best aligned start, or None when no block fits.
+BEST_START = {(m, c): _best_start(m, c) for m in range(FULL + 1) for c in (*SLICE_SIZES, SLOTS_PER_GPU)}
 
 
-# (mask, count) → best aligned start, or None when no block fits; and masks by preference per policy.
-BEST_START = {(m, c): _best_start(m, c) for m in range(FULL + 1) for c in (1, 2, 4, 8)}
-FIRST_START = {(m, c): _first_start(m, c) for m in range(FULL + 1) for c in (1, 2, 4, 8)}
-
-
-def _order(count: int, policy: str) -> tuple[int, ...]:
+def _order(count: int, policy: str) -> tuple[tuple[int, int], ...]:
+    """(mask, start) pairs of every mask that fits ``count``, in the policy's preference order."""
     fitting = [m for m in range(FULL + 1) if BEST_START[(m, count)] is not None]
+
+    def hole(m: int) -> int:
+        return largest_free_buddy(m, BEST_START[(m, count)], count)
+
     if policy == SPREAD:
-        return tuple(sorted(fitting, key=lambda m: (m.bit_count(), m)))
-    # binpack: most used first; among equals, the one whose best block sits in the smallest free buddy
-    return tuple(
-        sorted(
-            fitting,
-            key=lambda m: (-m.bit_count(), _largest_free_buddy(m, BEST_START[(m, count)], count), m),
-        )
-    )
+        ranked = sorted(fitting, key=lambda m: (m.bit_count(), hole(m), m))
+    else:
+        ranked = sorted(fitting, key=lambda m: (hole(m), -m.bit_count(), m))
+    return tuple((m, BEST_START[(m, count)]) for m in ranked)
 
 
-MASK_ORDER = {(c, p): _order(c, p) for c in (1, 2, 4) for p in (BINPACK, SPREAD)}
+MASK_ORDER = {(c, p): _order(c, p) for c in SLICE_SIZES for p in (BINPACK, SPREAD)}
 
 
 @dataclass(frozen=True)
@@ -120,11 +108,11 @@ class Choice:
 
 def device_class(*, kind: str, sharing_policy: str, mig_profile: str, mig_mode: bool) -> str | None:
     """The bucket a device belongs to, or None when it takes no allocation (a GPU in MIG mode)."""
-    if kind == Device.Kind.MIG:
+    if kind == MIG:
         return f"mig:{mig_profile}"
     if mig_mode:
         return None
-    return EXCLUSIVE if sharing_policy == Device.Sharing.EXCLUSIVE else SHARED
+    return EXCLUSIVE if sharing_policy == EXCLUSIVE else SHARED
 
 
 class FreeIndex:
@@ -137,6 +125,22 @@ class FreeIndex:
 
     def __len__(self) -> int:
         return len(self._where)
+
+    def __contains__(self, device_id: int) -> bool:
+        return device_id in self._where
+
+    def copy(self) -> FreeIndex:
+        """An independent index with the same devices, masks and in-bucket order."""
+        other = type(self)()
+        for key, bucket in self._buckets.items():
+            other._buckets[key] = dict(bucket)
+        other._where = dict(self._where)
+        return other
+
+    def devices(self) -> Iterator[tuple[int, str, str, int]]:
+        """(device id, gpu model, class, mask) of every device."""
+        for device_id, (model, cls, mask) in self._where.items():
+            yield device_id, model, cls, mask
 
     def add(self, device_id: int, *, gpu_model: str, device_class: str, mask: int) -> None:
         key = (gpu_model, device_class, mask)
@@ -159,9 +163,11 @@ class FreeIndex:
         self.add(device_id, gpu_model=model, device_class=cls, mask=mask)
 
     def occupy(self, choice: Choice) -> None:
-        self.set_mask(
-            choice.device_id, self.mask(choice.device_id) | block_mask(choice.slot_start, choice.slot_count)
-        )
+        taken = block_mask(choice.slot_start, choice.slot_count)
+        mask = self.mask(choice.device_id)
+        if mask & taken:
+            raise ValueError(f"slots {choice} are not free")
+        self.set_mask(choice.device_id, mask | taken)
 
     def release(self, choice: Choice) -> None:
         self.set_mask(
@@ -170,96 +176,87 @@ class FreeIndex:
 
     def _keys(self, request: Request, policy: str) -> Iterator[tuple[tuple[str, str, int], int, int]]:
         model = request.gpu_model
-        if request.kind == "mig":
+        if request.kind == MIG:
             yield (model, f"mig:{request.mig_profile}", 0), 0, SLOTS_PER_GPU
-        elif request.kind == "whole":
+        elif request.kind == WHOLE:
             yield (model, EXCLUSIVE, 0), 0, SLOTS_PER_GPU
             yield (model, SHARED, 0), 0, SLOTS_PER_GPU
-        elif policy == FIRST_FIT:
-            for mask in range(FULL + 1):
-                start = FIRST_START[(mask, request.eighths)]
-                if start is not None:
-                    yield (model, SHARED, mask), start, request.eighths
         else:
-            for mask in MASK_ORDER[(request.eighths, policy)]:
-                yield (model, SHARED, mask), BEST_START[(mask, request.eighths)], request.eighths
+            count = request.eighths
+            for mask, start in MASK_ORDER[(count, policy)]:
+                yield (model, SHARED, mask), start, count
 
     def choices(self, request: Request, policy: str = BINPACK) -> Iterator[Choice]:
-        """Every fitting (device, block), best first."""
+        """Every fitting (device, block), best first: one block per device."""
+        buckets = self._buckets
         for key, start, count in self._keys(request, policy):
-            for device_id in self._buckets.get(key, ()):
-                yield Choice(device_id, start, count)
+            bucket = buckets.get(key)
+            if bucket:
+                for device_id in bucket:
+                    yield Choice(device_id, start, count)
 
     def choose(self, request: Request, policy: str = BINPACK) -> Choice | None:
         """The best fitting (device, block), or None when nothing fits. Pure; changes nothing."""
-        return next(self.choices(request, policy), None)
-
-
-class FirstFitIndex(FreeIndex):
-    """Baseline for the bench: the lowest-numbered device with any aligned free block (a linear scan)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._order: dict[int, None] = {}
-
-    def add(self, device_id: int, *, gpu_model: str, device_class: str, mask: int) -> None:
-        super().add(device_id, gpu_model=gpu_model, device_class=device_class, mask=mask)
-        self._order[device_id] = None
-
-    def choose(self, request: Request, policy: str = FIRST_FIT) -> Choice | None:
-        for device_id in self._order:
-            model, cls, mask = self._where[device_id]
-            if model != request.gpu_model:
-                continue
-            if request.kind == "whole" and cls in (EXCLUSIVE, SHARED) and mask == 0:
-                return Choice(device_id, 0, SLOTS_PER_GPU)
-            if request.kind == "slice" and cls == SHARED:
-                start = FIRST_START[(mask, request.eighths)]
-                if start is not None:
-                    return Choice(device_id, start, request.eighths)
-            if request.kind == "mig" and cls == f"mig:{request.mig_profile}" and mask == 0:
-                return Choice(device_id, 0, SLOTS_PER_GPU)
+        buckets = self._buckets
+        for key, start, count in self._keys(request, policy):
+            bucket = buckets.get(key)
+            if bucket:
+                return Choice(next(iter(bucket)), start, count)
         return None
 
 
-def request_for(*, gpu_model: GpuModel, profile: Profile) -> Request:
-    if profile.kind == Profile.Kind.MIG:
-        return Request(gpu_model.name, "mig", SLOTS_PER_GPU, profile.name)
-    if profile.kind == Profile.Kind.WHOLE:
-        return Request(gpu_model.name, "whole", SLOTS_PER_GPU)
-    return Request(gpu_model.name, "slice", profile.eighths)
+def request_for(*, gpu_model, profile) -> Request:
+    """The request a ``Profile`` of a ``GpuModel`` makes."""
+    if profile.kind == MIG:
+        return Request(gpu_model.name, MIG, SLOTS_PER_GPU, profile.name)
+    if profile.kind == WHOLE:
+        return Request(gpu_model.name, WHOLE, SLOTS_PER_GPU)
+    return Request(gpu_model.name, SLICE, profile.eighths)
 
 
 # --- the database half ---------------------------------------------------------------------------
 
 
-def _eligible_devices(gpu_model: GpuModel):
-    return Device.objects.filter(
+def _eligible_devices(gpu_model, request: Request | None = None):
+    """Healthy devices of ``gpu_model`` on active nodes that could take ``request`` (any request when
+    None): MIG devices of that profile under a healthy parent, or physical GPUs not in MIG mode (in a
+    shared policy for a slice)."""
+    from django.db.models import Q
+
+    from provisioner.models import Device, Node
+
+    devices = Device.objects.filter(
         gpu_model=gpu_model, health=Device.Health.OK, node__state=Node.State.ACTIVE
-    ).filter(
-        Q(kind=Device.Kind.MIG, parent__health=Device.Health.OK)
-        | Q(kind=Device.Kind.PHYSICAL, mig_mode=False)
     )
+    mig = Q(kind=Device.Kind.MIG, parent__health=Device.Health.OK, parent__mig_mode=True)
+    physical = Q(kind=Device.Kind.PHYSICAL, mig_mode=False)
+    if request is None:
+        return devices.filter(mig | physical)
+    if request.kind == MIG:
+        return devices.filter(mig, mig_profile=request.mig_profile)
+    if request.kind == SLICE:
+        return devices.filter(physical, sharing_policy__in=Device.SHARED)
+    return devices.filter(physical)
 
 
-def _masks(device_ids: Iterable[int]) -> dict[int, int]:
+def _masks(devices) -> dict[int, int]:
+    """Used-slot masks of ``devices`` (a queryset or ids) as committed now."""
+    from provisioner.models import AllocationSlot
+
     masks: dict[int, int] = {}
-    for device_id, slot in AllocationSlot.objects.filter(device_id__in=list(device_ids)).values_list(
-        "device_id", "slot"
-    ):
+    device_filter = {"device_id__in": devices if hasattr(devices, "query") else list(devices)}
+    for device_id, slot in AllocationSlot.objects.filter(**device_filter).values_list("device_id", "slot"):
         masks[device_id] = masks.get(device_id, 0) | (1 << slot)
     return masks
 
 
-def free_index(*, gpu_model: GpuModel, devices=None) -> tuple[FreeIndex, dict[int, tuple[int, str]]]:
-    """The index of eligible devices of one model as the database has them now (no locks), and for each
-    device its node id and sharing policy."""
+def _index_of(gpu_model, devices) -> tuple[FreeIndex, dict[int, tuple[int, str]]]:
     rows = list(
-        (devices if devices is not None else _eligible_devices(gpu_model))
-        .order_by("id")
-        .values_list("id", "node_id", "kind", "sharing_policy", "mig_profile", "mig_mode")
+        devices.order_by("id").values_list(
+            "id", "node_id", "kind", "sharing_policy", "mig_profile", "mig_mode"
+        )
     )
-    masks = _masks(r[0] for r in rows)
+    masks = _masks(devices.values("id")) if rows else {}
     index = FreeIndex()
     meta: dict[int, tuple[int, str]] = {}
     for device_id, node_id, kind, policy, mig_profile, mig_mode in rows:
@@ -271,22 +268,35 @@ def free_index(*, gpu_model: GpuModel, devices=None) -> tuple[FreeIndex, dict[in
     return index, meta
 
 
+def free_index(*, gpu_model, devices=None) -> tuple[FreeIndex, dict[int, tuple[int, str]]]:
+    """The index of eligible devices of one model as the database has them now (no locks), and for each
+    device its node id and sharing policy."""
+    return _index_of(gpu_model, devices if devices is not None else _eligible_devices(gpu_model))
+
+
 class _Taken(Exception):
     pass
 
 
-def _try_take(session: Session, choice: Choice, *, skip_locked: bool) -> Allocation | None:
-    """In a savepoint: lock the device, re-read its slots, insert the allocation if the block is free."""
+def _try_take(session, gpu_model, request: Request, choice: Choice, *, skip_locked: bool):
+    """In a savepoint: lock the device (still eligible), re-read its slots, insert the allocation if the
+    block is free. None when the device is locked by another placement (with ``skip_locked``), no longer
+    eligible, or the block was taken meanwhile; the savepoint's rollback releases the lock."""
+    from django.db import IntegrityError, transaction
+
+    from provisioner.models import Allocation, AllocationSlot
+
     try:
         with transaction.atomic():
-            locked = Device.objects.select_for_update(skip_locked=skip_locked, of=("self",)).filter(
-                id=choice.device_id, health=Device.Health.OK, node__state=Node.State.ACTIVE
+            device = (
+                _eligible_devices(gpu_model, request)
+                .select_for_update(skip_locked=skip_locked, of=("self",), no_key=True)
+                .filter(id=choice.device_id)
+                .first()
             )
-            device = locked.first()
             if device is None:
                 return None
-            mask = _masks([device.id]).get(device.id, 0)
-            if mask & block_mask(choice.slot_start, choice.slot_count):
+            if _masks([device.id]).get(device.id, 0) & block_mask(choice.slot_start, choice.slot_count):
                 raise _Taken
             allocation = Allocation.objects.create(
                 session=session, device=device, slot_start=choice.slot_start, slot_count=choice.slot_count
@@ -301,46 +311,52 @@ def _try_take(session: Session, choice: Choice, *, skip_locked: bool) -> Allocat
 
 
 SKIP_LOCKED_ROUNDS = 4
+TRIES_PER_ROUND = 16
 
 
-def allocation_place(*, session: Session, gpu_model: GpuModel, profile: Profile) -> Allocation | None:
-    """Give ``session`` the best free block for ``profile`` on ``gpu_model``, or None when nothing fits
-    (the database's committed state has no fitting block). Call inside the caller's transaction.
+def allocation_place(*, session, gpu_model, profile):
+    """Give ``session`` the best free block for ``profile`` on ``gpu_model`` and return its Allocation,
+    or None when nothing fits (the database's committed state has no fitting block, or every fitting
+    one was taken by placements that committed first). Call inside the caller's transaction.
 
     Locks: at most one device row at a time with SKIP LOCKED (each in a savepoint that releases it on a
-    miss); in the last round, every fitting device in id order. Never deadlocks with another placement.
+    miss); in the last round, every fitting device in id order, waiting. Never deadlocks with another
+    placement: the only device locks waited for are taken in id order, and a placement that holds a
+    device lock waits for no other.
     """
+    from provisioner.models import Device
+
     request = request_for(gpu_model=gpu_model, profile=profile)
     policy = gpu_model.placement_policy
+    eligible = _eligible_devices(gpu_model, request)
     for _round in range(SKIP_LOCKED_ROUNDS):
-        index, _meta = free_index(gpu_model=gpu_model)
+        index, _meta = _index_of(gpu_model, eligible)
         tried = 0
         for choice in index.choices(request, policy):
             tried += 1
-            allocation = _try_take(session, choice, skip_locked=True)
+            allocation = _try_take(session, gpu_model, request, choice, skip_locked=True)
             if allocation is not None:
                 return allocation
-            if tried >= 16:  # the rest are re-read next round
+            if tried >= TRIES_PER_ROUND:  # the rest are re-read next round
                 break
         if tried == 0:
             return None
-    # Contended: lock every eligible device of the model in id order, then decide on what is locked.
+    # Contended: lock every eligible device of the request in id order, then decide on what is locked.
     locked = list(
-        _eligible_devices(gpu_model)
-        .select_for_update(of=("self",))
-        .order_by("id")
-        .values_list("id", flat=True)
+        eligible.select_for_update(of=("self",), no_key=True).order_by("id").values_list("id", flat=True)
     )
-    index, _meta = free_index(gpu_model=gpu_model, devices=Device.objects.filter(id__in=locked))
+    index, _meta = _index_of(gpu_model, Device.objects.filter(id__in=locked))
     choice = index.choose(request, policy)
     if choice is None:
         return None
-    return _try_take(session, choice, skip_locked=False)
+    return _try_take(session, gpu_model, request, choice, skip_locked=False)
 
 
-def cpu_node_pick() -> Node | None:
+def cpu_node_pick():
     """A cpu session goes to the active node running the fewest sessions."""
-    from django.db.models import Count
+    from django.db.models import Count, Q
+
+    from provisioner.models import Node, Session
 
     return (
         Node.objects.filter(state=Node.State.ACTIVE)
@@ -352,5 +368,7 @@ def cpu_node_pick() -> Node | None:
 
 def allocation_free(*, session_id) -> bool:
     """Free the session's slots (idempotent). Returns whether anything was freed."""
+    from provisioner.models import Allocation
+
     deleted, _ = Allocation.objects.filter(session_id=session_id).delete()
     return bool(deleted)

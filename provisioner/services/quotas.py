@@ -112,21 +112,24 @@ def usage_of_member(*, user, account: Account) -> Usage:
 
 
 def _check(
-    limits: Limits, usage: Usage, *, who: str, gpu_model: str, profile: Profile, max_seconds: int
+    limits: Limits, usage: Usage, *, who: str, has: str, gpu_model: str, profile: Profile, max_seconds: int
 ) -> None:
+    """Raise QuotaExceeded when one more session breaks a limit. ``who`` is the subject of the message
+    ("You", "This team"), ``has`` its verb ("have", "has")."""
     if limits.allowed_gpu_models is not None and gpu_model and gpu_model not in limits.allowed_gpu_models:
         raise QuotaExceeded(f"{who} may not use {gpu_model}.", fields={"gpu_model": "not allowed by quota"})
     if limits.allowed_profiles is not None and profile.name not in limits.allowed_profiles:
         raise QuotaExceeded(
-            f"{who} may not use the {profile.name} profile.", fields={"profile": "not allowed"}
+            f"{who} may not use the {profile.name} profile.", fields={"profile": "not allowed by quota"}
         )
     if limits.max_sessions is not None and usage.sessions + 1 > limits.max_sessions:
         raise QuotaExceeded(
-            f"{who} already has {usage.sessions} of {limits.max_sessions} sessions.", code="quota_sessions"
+            f"{who} already {has} {usage.sessions} of at most {limits.max_sessions} sessions.",
+            code="quota_sessions",
         )
     if limits.max_eighths is not None and usage.eighths + profile.quota_eighths > limits.max_eighths:
         raise QuotaExceeded(
-            f"{who} uses {usage.eighths}/8 of {limits.max_eighths}/8 GPUs; "
+            f"{who} already {has} {usage.eighths}/8 of at most {limits.max_eighths}/8 of a GPU in use; "
             f"this needs {profile.quota_eighths}/8 more.",
             code="quota_gpu_share",
         )
@@ -136,7 +139,7 @@ def _check(
             fields={"max_hours": "longer than the quota allows"},
         )
     if limits.monthly_spend_cap_micros is not None and usage.spend_micros >= limits.monthly_spend_cap_micros:
-        raise QuotaExceeded(f"{who} reached the monthly spending cap.", code="quota_spend")
+        raise QuotaExceeded(f"{who} reached this month's spending cap.", code="quota_spend")
 
 
 def quota_admit(*, user, account: Account, gpu_model: str, profile: Profile, max_seconds: int) -> None:
@@ -146,6 +149,7 @@ def quota_admit(*, user, account: Account, gpu_model: str, profile: Profile, max
         limits_for_user(user=user),
         usage_of_user(user=user),
         who="You",
+        has="have",
         gpu_model=gpu_model,
         profile=profile,
         max_seconds=max_seconds,
@@ -155,6 +159,7 @@ def quota_admit(*, user, account: Account, gpu_model: str, profile: Profile, max
             limits_for_account(account=account),
             usage_of_account(account=account),
             who="This team",
+            has="has",
             gpu_model=gpu_model,
             profile=profile,
             max_seconds=max_seconds,
@@ -163,6 +168,7 @@ def quota_admit(*, user, account: Account, gpu_model: str, profile: Profile, max
             limits_for_member(user=user, account=account),
             usage_of_member(user=user, account=account),
             who="Your share of this team",
+            has="has",
             gpu_model=gpu_model,
             profile=profile,
             max_seconds=max_seconds,

@@ -7,6 +7,10 @@ heartbeat and a sweep racing on one session agree on one outcome; each leaves a 
 Lock order everywhere: billing Account row, then the user row, then device rows (placement), then
 the session row. Nothing here holds a lock across an HTTP call to an agent: tasks call agents after
 commit.
+
+Row locks are ``FOR NO KEY UPDATE`` (``select_for_update(no_key=True)``): Django's foreign keys are
+checked at COMMIT, which takes ``FOR KEY SHARE`` on the referenced node, device, account or user row;
+a plain ``FOR UPDATE`` there deadlocks a heartbeat against a launch committing its session row.
 """
 
 from __future__ import annotations
@@ -159,8 +163,8 @@ def session_launch(
         raise ValidationFailed(f"{model_name or 'cpu'} {profile} has no price yet.", code="unpriced")
 
     with transaction.atomic():
-        Account.objects.select_for_update().filter(id=account.id).first()
-        get_user_model().objects.select_for_update().filter(pk=user.pk).first()
+        Account.objects.select_for_update(no_key=True).filter(id=account.id).first()
+        get_user_model().objects.select_for_update(no_key=True).filter(pk=user.pk).first()
         if idempotency_key:
             existing = Session.objects.filter(owner=user, idempotency_key=idempotency_key).first()
             if existing is not None:
@@ -356,15 +360,28 @@ def session_start_failed(*, session_id, reason: str) -> bool:
 # --- the queue ---------------------------------------------------------------------------------------
 
 
-def queue_order(sessions: list[Session]) -> list[Session]:
+def queue_order(sessions: list[Session], *, served: dict[int, int] | None = None) -> list[Session]:
     """FCFS within a priority, round-robin between accounts: the n-th waiting session of every account
-    goes before the (n+1)-th of any."""
-    rank: dict[int, int] = {}
+    goes before the (n+1)-th of any. ``served`` (account id → sessions it has on nodes now) counts
+    towards n, so an account just served waits behind one that was not, from one dispatch to the next."""
+    rank: dict[int, int] = dict(served or {})
     keyed = []
     for session in sorted(sessions, key=lambda s: (s.queued_at or s.created_at, str(s.id))):
         rank[session.account_id] = rank.get(session.account_id, 0) + 1
         keyed.append(((-session.queue_priority, rank[session.account_id], session.queued_at), session))
     return [s for _key, s in sorted(keyed, key=lambda pair: pair[0])]
+
+
+def queue_served(*, account_ids) -> dict[int, int]:
+    """For ``queue_order``: how many sessions each of these accounts has on nodes now."""
+    from django.db.models import Count
+
+    rows = (
+        Session.objects.filter(account_id__in=set(account_ids), state__in=Session.ON_NODE)
+        .values("account_id")
+        .annotate(n=Count("id"))
+    )
+    return {row["account_id"]: row["n"] for row in rows}
 
 
 def queue_dispatch(*, now: datetime | None = None) -> int:
@@ -388,14 +405,14 @@ def queue_dispatch(*, now: datetime | None = None) -> int:
     waiting = [s for s in waiting if Session.objects.filter(id=s.id, state=S.QUEUED).exists()]
     placed = 0
     blocked: set = set()
-    for session in queue_order(waiting):
+    for session in queue_order(waiting, served=queue_served(account_ids=[s.account_id for s in waiting])):
         key = session.gpu_model_id
         if key in blocked:
             continue
         try:
             with transaction.atomic():
-                Account.objects.select_for_update().filter(id=session.account_id).first()
-                get_user_model().objects.select_for_update().filter(pk=session.owner_id).first()
+                Account.objects.select_for_update(no_key=True).filter(id=session.account_id).first()
+                get_user_model().objects.select_for_update(no_key=True).filter(pk=session.owner_id).first()
                 if not Session.objects.filter(id=session.id, state=S.QUEUED).exists():
                     continue
                 quote = PriceQuote(

@@ -1,0 +1,384 @@
+"""The pages around GPU sessions: launch (with the price, card burn and runway before anything starts),
+the sessions list, one session's live page, the operators' view of the fleet, and the landing prices.
+
+Views stay thin: provisioner selectors and services decide; billing tells what things cost.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.contrib import messages
+from django.contrib.admin.views.decorators import staff_member_required
+from django.contrib.auth.decorators import login_required
+from django.db.models import Count, Q, Sum
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.utils import timezone
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
+from django.views.decorators.http import require_POST
+
+from billing import selectors as billing_selectors
+from billing.errors import ApplicationError, NotFound
+from billing.models import Account, Entry, LedgerAccount
+from portal.pages import _account
+from portal.selectors import accounts_payable_by
+from provisioner import selectors as prov_selectors
+from provisioner.models import SLOTS_PER_GPU, Device, DeviceSample, Node, Session
+
+S = Session.State
+PROGRESS = [
+    (S.QUEUED, gettext_lazy("Queued")),
+    (S.PLACING, gettext_lazy("Placing")),
+    (S.STARTING, gettext_lazy("Starting")),
+    (S.RUNNING, gettext_lazy("Running")),
+]
+
+
+@dataclass(frozen=True)
+class LaunchQuote:
+    """What the launch page shows before anything starts."""
+
+    price_micros_per_hour: int
+    card_burn_micros_per_hour: int
+    runway_seconds: int | None  # at this price alone, from the cards it may use then the wallet
+    available_now: int  # how many more of these fit now
+    queue_ahead: int  # sessions already waiting for this GPU model
+
+
+def launch_quote(*, account: Account, gpu_model: str, profile: str) -> LaunchQuote | None:
+    """The price, card burn, runway and whether it starts now; None when that choice has no price."""
+    from billing.services.pricing import price_quote
+
+    try:
+        quote = price_quote(gpu_model=gpu_model, profile=profile)
+    except NotFound:
+        return None
+    funds = billing_selectors.account_funds(account=account, gpu_model=gpu_model or None)
+    seconds = 0.0
+    if quote.card_burn_micros_per_hour and funds.cards_micros > 0:
+        seconds += funds.cards_micros / quote.card_burn_micros_per_hour * 3600
+    if quote.price_micros_per_hour and funds.available_micros > 0:
+        seconds += funds.available_micros / quote.price_micros_per_hour * 3600
+    runway = int(seconds) if quote.price_micros_per_hour or quote.card_burn_micros_per_hour else None
+    if profile == "cpu":
+        free = Node.objects.filter(state=Node.State.ACTIVE).count()
+        ahead = Session.objects.filter(state=S.QUEUED, gpu_model__isnull=True).count()
+    else:
+        free = prov_selectors.availability().get((gpu_model, profile), 0)
+        ahead = Session.objects.filter(state=S.QUEUED, gpu_model__name=gpu_model).count()
+    return LaunchQuote(
+        price_micros_per_hour=quote.price_micros_per_hour,
+        card_burn_micros_per_hour=quote.card_burn_micros_per_hour,
+        runway_seconds=runway,
+        available_now=free if not ahead else 0,
+        queue_ahead=ahead,
+    )
+
+
+def _launch_choice(request: HttpRequest, catalog: dict) -> dict:
+    """The model/profile/environment picked in the form, defaulting to the first offered."""
+    data = request.POST if request.method == "POST" else request.GET
+    models = {m["name"]: m for m in catalog["gpu_models"]}
+    gpu_model = data.get("gpu_model") or (catalog["gpu_models"][0]["name"] if models else "")
+    offered = [p["profile"] for p in models[gpu_model]["profiles"]] if gpu_model in models else []
+    if catalog["cpu"]:
+        offered.append("cpu")
+    profile = data.get("profile") if data.get("profile") in offered else (offered[0] if offered else "")
+    environments = [e["name"] for e in catalog["environments"]]
+    environment = data.get("environment") if data.get("environment") in environments else ""
+    return {
+        "gpu_model": gpu_model,
+        "profile": profile,
+        "offered": offered,
+        "environment": environment or (environments[0] if environments else ""),
+        "max_hours": data.get("max_hours", ""),
+        "idle_minutes": data.get("idle_minutes", ""),
+    }
+
+
+def _number(text: str, *, field: str) -> float | None:
+    if not text.strip():
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        from billing.errors import ValidationFailed
+
+        raise ValidationFailed(_("%(field)s must be a number.") % {"field": field}) from None
+    return value
+
+
+@login_required
+def launch(request: HttpRequest) -> HttpResponse:
+    from provisioner.services.sessions import session_launch
+
+    account = _account(request)
+    catalog = prov_selectors.catalog()
+    choice = _launch_choice(request, catalog)
+    if request.method == "POST":
+        try:
+            max_hours = _number(choice["max_hours"], field=_("Longest duration"))
+            idle = _number(choice["idle_minutes"], field=_("Idle stop"))
+            session = session_launch(
+                user=request.user,
+                account=account,
+                gpu_model="" if choice["profile"] == "cpu" else choice["gpu_model"],
+                profile=choice["profile"],
+                environment=choice["environment"],
+                max_hours=max_hours,
+                idle_minutes=int(idle) if idle is not None else None,
+                idempotency_key=request.POST.get("idempotency_key") or None,
+            )
+        except ApplicationError as exc:
+            messages.error(request, exc.message)
+        else:
+            return redirect("session_detail", session_id=session.id)
+    quote = None
+    if choice["profile"]:
+        quote = launch_quote(
+            account=account,
+            gpu_model="" if choice["profile"] == "cpu" else choice["gpu_model"],
+            profile=choice["profile"],
+        )
+    context = {
+        "account": account,
+        "accounts": accounts_payable_by(user=request.user),
+        "catalog": catalog,
+        "choice": choice,
+        "quote": quote,
+        "new_key": uuid.uuid4().hex,
+        "defaults": _defaults(),
+    }
+    return render(request, "portal/launch.html", context)
+
+
+def _defaults() -> dict:
+    from django.conf import settings
+
+    return {
+        "max_hours": settings.SESSION_DEFAULT_MAX_HOURS,
+        "idle_minutes": settings.SESSION_DEFAULT_IDLE_MINUTES,
+    }
+
+
+@login_required
+def session_list(request: HttpRequest) -> HttpResponse:
+    sessions = prov_selectors.session_list_for_user(user=request.user)
+    state = request.GET.get("state", "")
+    if state == "live":
+        sessions = sessions.filter(state__in=Session.LIVE)
+    elif state == "ended":
+        sessions = sessions.filter(state__in=Session.ENDED)
+    return render(request, "portal/session_list.html", {"sessions": sessions[:200], "state": state})
+
+
+def _session(request: HttpRequest, session_id) -> Session:
+    try:
+        return prov_selectors.session_get_for_user(user=request.user, session_id=session_id)
+    except NotFound:
+        raise Http404 from None
+
+
+def session_cost(session: Session) -> dict:
+    """What the session has cost so far: money (posted + accrued) and card-hours."""
+    from billing.services.metering import meter_cost
+
+    try:
+        cost = meter_cost(session_ref=str(session.id))
+    except NotFound:
+        return {"money_micros": 0, "card_micros": 0, "posted_micros": 0}
+    return {
+        "money_micros": cost.charged_micros + cost.accrued_micros,
+        "card_micros": cost.card_micros,
+        "posted_micros": cost.charged_micros,
+    }
+
+
+def session_limits(session: Session) -> dict | None:
+    """What the workload actually gets on its device (the agent enforces it; see agents/gpuplan.py)."""
+    device = session.device
+    if device is None:
+        return None
+    share = (session.slot_count or SLOTS_PER_GPU) / SLOTS_PER_GPU
+    policy = session.sharing_policy or "exclusive"
+    # As agents/gpuplan.py enforces it: every shared policy caps memory at the slice.
+    memory_cap = device.memory_mib if policy == "exclusive" else int(device.memory_mib * share)
+    percent = round(share * 100)
+    compute = {
+        "exclusive": _("the whole device"),
+        "fixed-share": _("%(percent)d%% of the SMs (HAMi-core)") % {"percent": percent},
+        "equal-share": _("%(percent)d%% of the SMs (NVIDIA MPS)") % {"percent": percent},
+        "best-effort": _("time-sliced with the others on the GPU, no guarantee"),
+    }.get(policy, policy)
+    return {
+        "device": device,
+        "slots": (
+            f"{session.slot_start}–{session.slot_start + session.slot_count - 1}"
+            if session.slot_count and device.kind == Device.Kind.PHYSICAL
+            else ""
+        ),
+        "memory_cap_mib": memory_cap,
+        "compute": compute,
+        "policy": policy,
+    }
+
+
+def session_metrics(session: Session, *, limit: int = 120) -> dict[str, list[float | None]]:
+    """GPU utilisation and memory use (% of the cap) over the session's life, for the chart."""
+    if session.device_id is None or session.running_at is None:
+        return {}
+    until = session.ended_at or timezone.now()
+    samples = list(
+        DeviceSample.objects.filter(
+            device_id=session.device_id, collected_at__gte=session.running_at, collected_at__lte=until
+        )
+        .order_by("-collected_at")
+        .values_list("gpu_util_percent", "memory_used_mib")[:limit]
+    )[::-1]
+    limits = session_limits(session)
+    cap = max(1, limits["memory_cap_mib"]) if limits else 1
+    return {
+        _("GPU %"): [util for util, _mem in samples],
+        _("Memory %"): [None if mem is None else min(100.0, mem * 100 / cap) for _util, mem in samples],
+    }
+
+
+def _session_context(request: HttpRequest, session: Session) -> dict:
+    order = [state for state, _label in PROGRESS]
+    reached = order.index(session.state) if session.state in order else len(order)
+    if session.state in Session.ENDED or session.state == S.STOPPING:
+        reached = len(order) if session.running_at else order.index(S.STARTING)
+    steps = [
+        {"state": state, "label": label, "done": i < reached, "current": session.state == state}
+        for i, (state, label) in enumerate(PROGRESS)
+    ]
+    elapsed = None
+    if session.running_at:
+        elapsed = int(((session.ended_at or timezone.now()) - session.running_at).total_seconds())
+    return {
+        "session": session,
+        "steps": steps,
+        "cost": session_cost(session),
+        "elapsed": elapsed,
+        "queue": prov_selectors.queue_place(session=session),
+        "limits": session_limits(session),
+        "metrics": session_metrics(session),
+        "events": session.events.order_by("-at")[:50],
+        "live": session.state in Session.LIVE,
+        "jupyter_url": f"/jupyter/{session.id}/lab" if session.state == S.RUNNING else "",
+    }
+
+
+@login_required
+def session_detail(request: HttpRequest, session_id) -> HttpResponse:
+    session = _session(request, session_id)
+    return render(request, "portal/session_detail.html", _session_context(request, session))
+
+
+@login_required
+def session_live(request: HttpRequest, session_id) -> HttpResponse:
+    session = _session(request, session_id)
+    return render(request, "portal/includes/session_state.html", _session_context(request, session))
+
+
+@login_required
+@require_POST
+def session_stop_view(request: HttpRequest, session_id) -> HttpResponse:
+    from provisioner.services.sessions import session_stop
+
+    session = _session(request, session_id)
+    try:
+        reason = _("stopped by %(user)s") % {"user": request.user}
+        session_stop(session=session, actor=request.user, reason=reason)
+    except ApplicationError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, _("Stopping: billing ends when the workload is gone."))
+    return redirect("session_detail", session_id=session.id)
+
+
+def running_sessions(*, user) -> list[dict]:
+    """The user's live sessions with their cost so far, for the dashboard."""
+    sessions = prov_selectors.session_list_for_user(user=user).filter(state__in=Session.LIVE)[:20]
+    return [{"session": s, "cost": session_cost(s)} for s in sessions]
+
+
+# --- operations --------------------------------------------------------------------------------------
+
+
+def fleet_compute() -> dict:
+    """Effective compute Q = C · N · u over healthy devices on active nodes: C the peak TFLOPS of each
+    GPU, N the GPUs, u their utilisation now (last heartbeat)."""
+    devices = Device.objects.filter(
+        node__state=Node.State.ACTIVE, health=Device.Health.OK, parent__isnull=True
+    ).select_related("gpu_model")
+    peak = used = 0.0
+    count = 0
+    for device in devices:
+        tflops = device.gpu_model.peak_tflops if device.gpu_model else 0.0
+        util = (device.last_metrics or {}).get("gpu_util_percent")
+        count += 1
+        peak += tflops
+        used += tflops * (util or 0) / 100
+    return {
+        "gpus": count,
+        "peak_tflops": peak,
+        "utilisation": (used / peak) if peak else None,
+        "effective_tflops": used,
+    }
+
+
+def revenue_today() -> int:
+    start = timezone.localtime().replace(hour=0, minute=0, second=0, microsecond=0)
+    total = Entry.objects.filter(
+        account__kind=LedgerAccount.Kind.REVENUE, transfer__created_at__gte=start
+    ).aggregate(total=Sum("amount_micros"))["total"]
+    return total or 0
+
+
+@staff_member_required
+def operations(request: HttpRequest) -> HttpResponse:
+    nodes = Node.objects.order_by("name").prefetch_related("devices__gpu_model")
+    rows = []
+    for node in nodes:
+        devices = []
+        for device in sorted(node.devices.all(), key=lambda d: (d.index, d.uuid)):
+            cells = prov_selectors.slot_map(device=device)
+            devices.append(
+                {
+                    "device": device,
+                    "metrics": device.last_metrics or {},
+                    "cells": ["free" if cell is None else cell for cell in cells],
+                    "used": sum(cell is not None for cell in cells),
+                }
+            )
+        rows.append({"node": node, "devices": devices})
+    queue = Session.objects.filter(state=S.QUEUED).select_related("owner", "gpu_model", "profile")
+    context = {
+        "nodes": rows,
+        "queue": queue.order_by("-queue_priority", "queued_at")[:100],
+        "fleet": fleet_compute(),
+        "revenue_today": revenue_today(),
+        "counts": Session.objects.aggregate(
+            running=Count("id", filter=Q(state=S.RUNNING)),
+            queued=Count("id", filter=Q(state=S.QUEUED)),
+            starting=Count("id", filter=Q(state__in=[S.PLACING, S.STARTING])),
+        ),
+        "since": timezone.now() - timedelta(minutes=1),
+    }
+    template = "portal/includes/ops_live.html" if request.GET.get("live") else "portal/operations.html"
+    return render(request, template, context)
+
+
+def landing_prices() -> dict:
+    """Live prices and what is free now, for the landing page (anyone may see them)."""
+    return prov_selectors.catalog()
+
+
+@login_required
+def running_live(request: HttpRequest) -> HttpResponse:
+    return render(request, "includes/running.html", {"running": running_sessions(user=request.user)})

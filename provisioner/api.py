@@ -1,0 +1,451 @@
+"""The provisioner's REST API: the catalog, sessions, quota, the staff's node and quota endpoints, and the
+agents' heartbeat. Thin views: check input, call one service or selector, shape the answer.
+
+Who sees a session: its owner, and nobody else — not even the owner or admins of the team that pays for
+it (a team lead sees spending in billing, not the members' notebooks). Anyone else's session answers
+404, the same as one that does not exist. Staff use the admin site and the admin endpoints.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import permissions
+from rest_framework.pagination import LimitOffsetPagination
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from billing.errors import ApplicationError, NotFound, ValidationFailed
+from billing.models import Account
+from provisioner import selectors
+from provisioner import serializers as io
+from provisioner.models import DeviceSample, Node, Quota, Session, SessionEvent
+from provisioner.services.heartbeats import heartbeat_record, heartbeat_validate
+from provisioner.services.nodes import node_by_token, node_enroll, node_set_state
+from provisioner.services.quotas import quota_set
+from provisioner.services.sessions import session_launch, session_stop
+
+S = Session.State
+
+
+class NodeUnauthorised(ApplicationError):
+    status = 401
+    code = "unauthorised"
+
+
+def _valid(serializer_class, data):
+    serializer = serializer_class(data=data)
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data
+
+
+# --- shaping -----------------------------------------------------------------------------------------
+
+
+def _jupyter_url(session: Session) -> str | None:
+    return f"{session.base_url}lab" if session.state == S.RUNNING and session.upstream else None
+
+
+def session_body(session: Session) -> dict:
+    return {
+        "id": str(session.id),
+        "state": session.state,
+        "reason": session.reason,
+        "gpu_model": session.gpu_model.name if session.gpu_model_id else None,
+        "profile": session.profile.name,
+        "environment": session.environment.name,
+        "account": {"id": session.account_id, "name": session.account.name, "kind": session.account.kind},
+        "node": session.node.name if session.node_id else None,
+        "created_at": session.created_at,
+        "queued_at": session.queued_at,
+        "placed_at": session.placed_at,
+        "starting_at": session.starting_at,
+        "running_at": session.running_at,
+        "stopping_at": session.stopping_at,
+        "ended_at": session.ended_at,
+        "jupyter_url": _jupyter_url(session),
+    }
+
+
+def _cost(session: Session) -> dict | None:
+    from billing.services.metering import meter_cost
+
+    try:
+        cost = meter_cost(session_ref=session.ref)
+    except NotFound:  # never ran: nothing metered
+        return None
+    return {
+        "charged_micros": cost.charged_micros,
+        "accrued_micros": cost.accrued_micros,
+        "total_micros": cost.charged_micros + cost.accrued_micros,
+        "card_micros": cost.card_micros,
+        "wallet_micros": cost.wallet_micros,
+        "overdraft_micros": cost.overdraft_micros,
+        "billed_seconds": cost.billed_seconds,
+    }
+
+
+def _limits(session: Session) -> dict:
+    device = session.device if session.device_id else None
+    memory_cap = percent = None
+    if device is not None and session.slot_count:
+        memory_cap = device.memory_mib * session.slot_count // 8
+        percent = 100 * session.slot_count // 8
+    return {
+        "device": (
+            {
+                "uuid": device.uuid,
+                "kind": device.kind,
+                "index": device.index,
+                "name": device.mig_profile or device.nvml_name,
+                "memory_mib": device.memory_mib,
+            }
+            if device
+            else None
+        ),
+        "slot_start": session.slot_start,
+        "slot_count": session.slot_count,
+        "memory_cap_mib": memory_cap,
+        "compute_percent": percent,
+        "sharing_policy": session.sharing_policy,
+        "cpu_cores": float(session.environment.cpu_cores),
+        "memory_mib": session.environment.memory_mib,
+        "max_seconds": session.max_seconds,
+        "idle_seconds": session.idle_seconds,
+    }
+
+
+def session_detail_body(session: Session) -> dict:
+    place = selectors.queue_place(session=session)
+    return {
+        **session_body(session),
+        "last_alive_at": session.last_alive_at,
+        "queue": {"position": place.position, "estimate_seconds": place.estimate_seconds} if place else None,
+        "price": {
+            "currency": settings.SITE_CURRENCY,
+            "price_micros_per_hour": session.price_micros_per_hour,
+            "card_burn_micros_per_hour": session.card_burn_micros_per_hour,
+        },
+        "cost": _cost(session),
+        "limits": _limits(session),
+        "gpu_util_percent": session.gpu_util_percent,
+    }
+
+
+def _session_for(request: Request, session_id) -> Session:
+    return selectors.session_get_for_user(user=request.user, session_id=session_id)
+
+
+# --- user endpoints ----------------------------------------------------------------------------------
+
+
+class CatalogView(APIView):
+    @extend_schema(
+        summary="GPU models, profiles, environments, prices and what is free now",
+        responses={200: OpenApiTypes.OBJECT},
+    )
+    def get(self, request: Request) -> Response:
+        return Response({**selectors.catalog(), "currency": settings.SITE_CURRENCY})
+
+
+class SessionListView(APIView):
+    @extend_schema(
+        summary="Your sessions, newest first",
+        parameters=[
+            OpenApiParameter(
+                "state", str, many=True, enum=S.values, description="Only sessions in these states."
+            )
+        ],
+        responses={200: io.SessionOut(many=True)},
+    )
+    def get(self, request: Request) -> Response:
+        states = {s for raw in request.query_params.getlist("state") for s in raw.split(",") if s}
+        if states - set(S.values):
+            raise ValidationFailed(
+                "Unknown session state.", fields={"state": f"one or more of {', '.join(S.values)}"}
+            )
+        sessions = selectors.session_list_for_user(user=request.user)
+        if states:
+            sessions = sessions.filter(state__in=sorted(states))
+        paginator = LimitOffsetPagination()
+        page = paginator.paginate_queryset(sessions, request, view=self)
+        return paginator.get_paginated_response([session_body(s) for s in page])
+
+    @extend_schema(
+        summary="Launch a session (placed now, or queued when nothing fits)",
+        request=io.LaunchIn,
+        parameters=[
+            OpenApiParameter(
+                "Idempotency-Key",
+                str,
+                OpenApiParameter.HEADER,
+                description="The same key returns the same session (200) instead of launching another.",
+            )
+        ],
+        responses={201: io.SessionDetailOut, 200: io.SessionDetailOut},
+    )
+    def post(self, request: Request) -> Response:
+        fields = _valid(io.LaunchIn, request.data)
+        account = _paying_account(request, fields.get("account"))
+        key = request.headers.get("Idempotency-Key")
+        replay = bool(key) and Session.objects.filter(owner=request.user, idempotency_key=key).exists()
+        session = session_launch(
+            user=request.user,
+            account=account,
+            gpu_model=fields["gpu_model"],
+            profile=fields["profile"],
+            environment=fields["environment"],
+            max_hours=fields.get("max_hours"),
+            idle_minutes=fields.get("idle_minutes"),
+            idempotency_key=key,
+        )
+        session = _session_for(request, session.id)
+        return Response(session_detail_body(session), status=200 if replay else 201)
+
+
+def _paying_account(request: Request, account_id: int | None) -> Account:
+    """The account named (one the user may pay with: the service checks) or the user's own."""
+    if account_id is None:
+        account_id = request.user.account_id
+        if account_id is None:
+            raise ValidationFailed("You have no account to pay with.", fields={"account": "required"})
+    account = Account.objects.filter(id=account_id).first()
+    if account is None:
+        raise NotFound("No such account.", fields={"account": "not one you may pay with"})
+    return account
+
+
+class SessionDetailView(APIView):
+    @extend_schema(summary="One of your sessions", responses={200: io.SessionDetailOut})
+    def get(self, request: Request, session_id: str) -> Response:
+        return Response(session_detail_body(_session_for(request, session_id)))
+
+
+class SessionStopView(APIView):
+    @extend_schema(
+        summary="Stop a session (a queued one is cancelled); idempotent",
+        request=io.StopIn,
+        responses={200: io.SessionDetailOut},
+    )
+    def post(self, request: Request, session_id: str) -> Response:
+        session = _session_for(request, session_id)
+        fields = _valid(io.StopIn, request.data)
+        session_stop(session=session, actor=request.user, reason=fields["reason"] or "asked by its owner")
+        return Response(session_detail_body(_session_for(request, session_id)))
+
+
+class SessionEventsView(APIView):
+    @extend_schema(summary="A session's history, oldest first", responses={200: io.EventOut(many=True)})
+    def get(self, request: Request, session_id: str) -> Response:
+        session = _session_for(request, session_id)
+        events = SessionEvent.objects.filter(session=session).order_by("at", "id")[:1000]
+        return Response(
+            [
+                {
+                    "at": e.at,
+                    "kind": e.kind,
+                    "from_state": e.from_state,
+                    "to_state": e.to_state,
+                    "message": e.message,
+                }
+                for e in events
+            ]
+        )
+
+
+class SessionMetricsView(APIView):
+    @extend_schema(
+        summary="GPU samples of the session's device over its life (the last ones the portal keeps)",
+        responses={200: io.MetricsOut},
+    )
+    def get(self, request: Request, session_id: str) -> Response:
+        session = _session_for(request, session_id)
+        device = session.device if session.device_id else None
+        if device is None or session.running_at is None:
+            return Response({"device": device.uuid if device else None, "device_wide": True, "samples": []})
+        # NVML reports figures per physical GPU: a MIG device's are its parent's.
+        measured = device.parent_id or device.id
+        samples = DeviceSample.objects.filter(
+            device_id=measured,
+            collected_at__gte=session.running_at,
+            collected_at__lte=session.ended_at or timezone.now(),
+        ).order_by("collected_at", "id")
+        return Response(
+            {
+                "device": device.uuid,
+                "device_wide": True,
+                "samples": [
+                    {
+                        "at": s.collected_at,
+                        "gpu_util_percent": s.gpu_util_percent,
+                        "memory_used_mib": s.memory_used_mib,
+                        "temperature_c": s.temperature_c,
+                        "power_w": s.power_w,
+                    }
+                    for s in samples
+                ],
+            }
+        )
+
+
+class QuotaView(APIView):
+    @extend_schema(summary="Your limits and what you use of them", responses={200: OpenApiTypes.OBJECT})
+    def get(self, request: Request) -> Response:
+        return Response(selectors.quota_usage(user=request.user))
+
+
+# --- staff endpoints ---------------------------------------------------------------------------------
+
+
+class StaffOnly(permissions.IsAdminUser):
+    message = "Staff only."
+
+
+def node_body(node: Node) -> dict:
+    devices = []
+    for device in node.devices.all():
+        devices.append(
+            {
+                "id": device.id,
+                "uuid": device.uuid,
+                "index": device.index,
+                "kind": device.kind,
+                "parent": device.parent_id,
+                "gpu_model": device.gpu_model.name if device.gpu_model_id else None,
+                "nvml_name": device.nvml_name,
+                "mig_profile": device.mig_profile,
+                "mig_mode": device.mig_mode,
+                "memory_mib": device.memory_mib,
+                "health": device.health,
+                "sharing_policy": device.sharing_policy,
+                "slot_map": selectors.slot_map(device=device),
+                "last_seen_at": device.last_seen_at,
+            }
+        )
+    return {
+        "id": node.id,
+        "name": node.name,
+        "address": node.address,
+        "state": node.state,
+        "labels": node.labels,
+        "last_heartbeat_at": node.last_heartbeat_at,
+        "agent_version": node.agent_version,
+        "runtime": node.runtime,
+        "devices": devices,
+    }
+
+
+def _nodes():
+    return Node.objects.prefetch_related("devices__gpu_model").order_by("name")
+
+
+class AdminNodeListView(APIView):
+    permission_classes = [StaffOnly]
+
+    @extend_schema(summary="Nodes and their devices (staff)", responses={200: io.NodeOut(many=True)})
+    def get(self, request: Request) -> Response:
+        return Response([node_body(n) for n in _nodes()])
+
+    @extend_schema(
+        summary="Enrol a node (staff); the token is shown once",
+        request=io.NodeEnrollIn,
+        responses={201: io.NodeEnrolledOut},
+    )
+    def post(self, request: Request) -> Response:
+        fields = _valid(io.NodeEnrollIn, request.data)
+        enrolment = node_enroll(
+            name=fields["name"], address=fields["address"], labels=fields.get("labels"), actor=request.user
+        )
+        return Response(
+            {**node_body(_nodes().get(id=enrolment.node.id)), "token": enrolment.token}, status=201
+        )
+
+
+class AdminNodeActionView(APIView):
+    permission_classes = [StaffOnly]
+
+    @extend_schema(
+        summary="Cordon, drain or uncordon a node (staff)",
+        request=io.NodeActionIn,
+        responses={200: io.NodeOut},
+    )
+    def post(self, request: Request, node_id: int, action: str) -> Response:
+        fields = _valid(io.NodeActionIn, request.data)
+        node = node_set_state(node_id=node_id, action=action, actor=request.user, reason=fields["reason"])
+        return Response(node_body(_nodes().get(id=node.id)))
+
+
+def quota_body(quota: Quota) -> dict:
+    return {
+        "id": quota.id,
+        "user": quota.user_id,
+        "account": quota.account_id,
+        "limits": quota.limits(),
+        "updated_at": quota.updated_at,
+    }
+
+
+class AdminQuotaView(APIView):
+    permission_classes = [StaffOnly]
+
+    @extend_schema(summary="Every quota row (staff)", responses={200: io.QuotaOut(many=True)})
+    def get(self, request: Request) -> Response:
+        return Response([quota_body(q) for q in Quota.objects.order_by("id")])
+
+    @extend_schema(
+        summary="Set limits of a user, a team account, or a member inside a team (staff; audited)",
+        description="Only the limits given change; null means the default (for a member: no extra cap).",
+        request=io.QuotaSetIn,
+        responses={200: io.QuotaOut},
+    )
+    def put(self, request: Request) -> Response:
+        fields = _valid(io.QuotaSetIn, request.data)
+        user = account = None
+        if fields.get("user"):
+            user = get_user_model().objects.filter(pk=fields["user"]).first()
+            if user is None:
+                raise NotFound("No such user.", fields={"user": "unknown"})
+        if fields.get("account"):
+            account = Account.objects.filter(id=fields["account"]).first()
+            if account is None:
+                raise NotFound("No such account.", fields={"account": "unknown"})
+        quota = quota_set(
+            user=user,
+            account=account,
+            limits=dict(fields["limits"]),
+            actor=request.user,
+            reason=fields["reason"],
+        )
+        return Response(quota_body(quota))
+
+
+# --- the agents' door --------------------------------------------------------------------------------
+
+
+class HeartbeatView(APIView):
+    """``POST /api/agent/heartbeat`` from a node agent, authenticated by its node token (not a user)."""
+
+    authentication_classes: list = []
+    permission_classes = [permissions.AllowAny]
+    throttle_classes: list = []
+
+    @extend_schema(
+        summary="A node agent's heartbeat (node token as Bearer); answers its desired workloads",
+        request=OpenApiTypes.OBJECT,
+        responses={200: io.HeartbeatOut},
+        auth=[],
+    )
+    def post(self, request: Request) -> Response:
+        kind, _, token = request.headers.get("Authorization", "").partition(" ")
+        try:
+            if kind.lower() != "bearer":
+                raise NotFound("No token.")
+            node = node_by_token(token=token.strip())
+        except NotFound:
+            raise NodeUnauthorised("Unknown node token.")
+        body = heartbeat_validate(request.data)
+        return Response(heartbeat_record(node=node, body=body).as_body())

@@ -1,0 +1,115 @@
+"""The provisioner's part of the demo: GPU models matching the fake fleets (agents/fleets/node-a.yaml and
+node-b.yaml), profiles, a JupyterLab environment on this venv's Python, prices and card burn rates, and
+the nodes node-a and node-b with their tokens written where the Procfile's agents read them.
+
+Idempotent: a second run changes nothing that is already right, and never rotates a node token that
+is already on disk (the file is rewritten from the node's sealed token when they differ).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from billing.services.pricing import burn_multiplier_milli, burn_rate_set, price_set
+from portal.demo import register_step
+from provisioner.management.commands.node import write_token_file
+from provisioner.models import Environment, GpuModel, Node, Profile
+from provisioner.sealing import token_hash
+from provisioner.services.nodes import node_enroll, node_token
+
+ENVIRONMENT = "python-3.11 (JupyterLab)"
+GPU_MODELS = [
+    # name, memory, peak dense BF16 TFLOPS, offered profiles, NVML names (the fake fleet adds "NVIDIA ")
+    ("A100-SXM4-80GB", 81920, 312.0, ["whole", "1/2", "1/4", "1/8"], ["NVIDIA A100-SXM4-80GB"]),
+    ("T4", 15360, 65.0, ["whole", "1/2"], ["NVIDIA Tesla T4", "Tesla T4"]),
+    ("H200", 143771, 989.0, ["whole", "1g.18gb"], ["NVIDIA H200"]),
+]
+# micro-units of SITE_CURRENCY per hour of a whole card (slices pay their fraction); cpu: no GPU
+PRICES = [("A100-SXM4-80GB", "whole", 2_000_000), ("T4", "whole", 400_000), ("H200", "whole", 5_000_000)]
+CPU_PRICE = 50_000
+# card-hours burned per hour of a whole card, in thousandths (Colab-like: a T4 burns little, an H200 a lot)
+BURN_RATES = [("A100-SXM4-80GB", 2000), ("T4", 500), ("H200", 4000)]
+NODES = [("node-a", "http://127.0.0.1:8701"), ("node-b", "http://127.0.0.1:8702")]
+# Neither HAMi's libvgpu.so nor MPS is on a demo host: slices time-share (memory cap only).
+NODE_LABELS = {"sharing_policy": "best-effort"}
+PROFILES = [("whole", "whole", 8, 8), ("1/2", "slice", 4, 4), ("1/4", "slice", 2, 2), ("1/8", "slice", 1, 1)]
+PROFILES += [("cpu", "cpu", 0, 0), ("1g.18gb", "mig", 8, 1)]
+
+
+def _current_price(gpu_model: str, profile: str) -> int | None:
+    from billing.models import Price
+
+    price = (
+        Price.objects.filter(gpu_model=gpu_model, profile=profile).order_by("-effective_from", "-id").first()
+    )
+    return price.price_micros_per_hour if price else None
+
+
+def _ensure_token_file(node: Node, path: Path) -> str:
+    """The node's token on disk: kept when it matches, rewritten from the sealed copy when not, rotated
+    only when the sealed copy cannot be read (SECRET_KEY changed)."""
+    on_disk = path.read_text().strip() if path.exists() else ""
+    if on_disk and token_hash(on_disk) == node.token_hash:
+        return "kept"
+    try:
+        token = node_token(node=node)
+    except Exception:  # cryptography.fernet.InvalidToken: sealed under another SECRET_KEY
+        token = node_enroll(name=node.name, address=node.address, labels=node.labels).token
+        write_token_file(path, token)
+        return "rotated"
+    write_token_file(path, token)
+    return "written"
+
+
+def seed(*, data_dir: Path | str) -> dict:
+    """Create or refresh the demo fleet; returns what it did (for the lines the demo prints)."""
+    data_dir = Path(data_dir)
+    done: dict = {"gpu_models": [], "prices": [], "nodes": {}}
+    for name, kind, eighths, quota in PROFILES:
+        Profile.objects.get_or_create(
+            name=name, defaults={"kind": kind, "eighths": eighths, "quota_eighths": quota}
+        )
+    for name, memory_mib, tflops, profiles, nvml_names in GPU_MODELS:
+        GpuModel.objects.update_or_create(
+            name=name,
+            defaults={
+                "memory_mib": memory_mib,
+                "peak_tflops": tflops,
+                "profiles": profiles,
+                "nvml_names": nvml_names,
+            },
+        )
+        done["gpu_models"].append(name)
+    Environment.objects.update_or_create(
+        name=ENVIRONMENT, defaults={"python": sys.executable, "image": "", "enabled": True}
+    )
+    for gpu_model, profile, micros in [*PRICES, ("", "cpu", CPU_PRICE)]:
+        if _current_price(gpu_model, profile) != micros:
+            price_set(gpu_model=gpu_model, profile=profile, price_micros_per_hour=micros, reason="demo seed")
+            done["prices"].append(f"{gpu_model or 'cpu'} {profile}")
+    for gpu_model, milli in BURN_RATES:
+        if burn_multiplier_milli(gpu_model=gpu_model) != milli:
+            burn_rate_set(gpu_model=gpu_model, multiplier_milli=milli, reason="demo seed")
+    for name, address in NODES:
+        path = data_dir / "agents" / name / "token"
+        node = Node.objects.filter(name=name).first()
+        if node is None:
+            token = node_enroll(name=name, address=address, labels=dict(NODE_LABELS)).token
+            write_token_file(path, token)
+            outcome = "enrolled"
+        else:
+            outcome = _ensure_token_file(node, path)
+        done["nodes"][name] = {"address": address, "token_file": str(path), "token": outcome}
+    return done
+
+
+@register_step
+def demo_fleet(*, url: str) -> list[str]:
+    from portal.embedded import data_dir
+
+    done = seed(data_dir=data_dir())
+    lines = [f"GPU models:         {', '.join(done['gpu_models'])}"]
+    for name, node in done["nodes"].items():
+        lines.append(f"node {name}:        {node['address']} (token {node['token']}: {node['token_file']})")
+    return lines

@@ -1,0 +1,95 @@
+"""The session pages: launch shows the price, card burn, runway and whether it starts now; a launch lands on
+its live page; strangers get 404; the operators' page shows the slot map and Q = C · N · u."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+
+from billing.services.pricing import burn_rate_set, price_set
+from billing.services.topups import wallet_credit_promotion
+from portal.services import user_create
+from provisioner.models import Device, Environment, GpuModel, Profile, Session
+from provisioner.services.nodes import node_enroll
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def fleet(settings):
+    GpuModel.objects.create(name="T4", memory_mib=15360, peak_tflops=65.0, profiles=["whole", "1/2"])
+    for name, kind, eighths in (("whole", "whole", 8), ("1/2", "slice", 4)):
+        Profile.objects.get_or_create(
+            name=name, defaults={"kind": kind, "eighths": eighths, "quota_eighths": eighths}
+        )
+    Environment.objects.get_or_create(name="python-3.11", defaults={"python": "/usr/bin/python3"})
+    node = node_enroll(name="node-t", address="http://127.0.0.1:9").node
+    model = GpuModel.objects.get(name="T4")
+    device = Device.objects.create(
+        node=node, uuid="GPU-t4-0", index=0, gpu_model=model, nvml_name="Tesla T4", memory_mib=15360,
+        last_metrics={"gpu_util_percent": 50, "memory_used_mib": 1000},
+    )  # fmt: skip
+    price_set(gpu_model="T4", profile="whole", price_micros_per_hour=2_000_000)
+    burn_rate_set(gpu_model="T4", multiplier_milli=500)
+    return device
+
+
+def _user(name: str, *, funded: int = 0, staff: bool = False):
+    user = user_create(username=name, email=f"{name}@example.com", password="pw-123456789", is_staff=staff)
+    if funded:
+        wallet_credit_promotion(account=user.account, amount_micros=funded, idempotency_key=f"fund-{name}")
+    client = Client()
+    client.force_login(user)
+    return user, client
+
+
+def test_the_launch_page_shows_price_burn_runway_and_that_it_starts_now(fleet):
+    _user_obj, client = _user("ada", funded=4_000_000)
+    page = client.get("/launch/?gpu_model=T4&profile=1/2").content.decode()
+    assert "1.00" in page  # half of 2.00/h
+    assert "0.25" in page  # 1/2 × 0.5 card-hours per hour
+    assert "4 h" in page or "4h" in page  # 4.00 of wallet at 1.00/h
+    assert 'data-testid="starts"><span class="badge ok">' in page
+
+
+def test_a_launch_lands_on_its_live_page_and_a_stranger_gets_404(fleet, django_capture_on_commit_callbacks):
+    user, client = _user("ada", funded=4_000_000)
+    with django_capture_on_commit_callbacks(execute=False):
+        response = client.post(
+            "/launch/",
+            {"gpu_model": "T4", "profile": "1/2", "environment": "python-3.11", "idempotency_key": "k-1"},
+        )
+    session = Session.objects.get(owner=user)
+    assert response.status_code == 302 and response["Location"] == f"/sessions/{session.id}/"
+    assert session.state == Session.State.PLACING and session.slot_count == 4
+    page = client.get(response["Location"]).content.decode()
+    assert "Placing" in page and "7680 MiB" in page and "50% of the SMs" in page
+    assert client.get(f"/sessions/{session.id}/live").status_code == 200
+
+    _stranger, other = _user("eve")
+    assert other.get(f"/sessions/{session.id}/").status_code == 404
+    assert other.post(f"/sessions/{session.id}/stop").status_code == 404
+    session.refresh_from_db()
+    assert session.state == Session.State.PLACING
+
+
+def test_a_launch_without_money_says_so_and_creates_nothing(fleet):
+    user, client = _user("bob")
+    response = client.post("/launch/", {"gpu_model": "T4", "profile": "whole", "environment": "python-3.11"})
+    assert response.status_code == 200
+    assert Session.objects.filter(owner=user).count() == 0
+    assert "no funds" in response.content.decode() or "funds" in response.content.decode().lower()
+
+
+def test_operations_is_for_staff_and_shows_slots_and_q(fleet):
+    _user_obj, client = _user("ada")
+    assert client.get("/operations/").status_code == 302  # to the admin login
+    _admin, staff = _user("root", staff=True)
+    page = staff.get("/operations/").content.decode()
+    assert "node-t" in page and 'class="slotmap"' in page
+    assert "32.5 TFLOPS" in page  # 65 TFLOPS × 50 %
+
+
+def test_the_landing_page_lists_prices_for_anyone(fleet):
+    page = Client().get("/").content.decode()
+    assert 'data-testid="prices"' in page and "T4" in page and "2.00" in page

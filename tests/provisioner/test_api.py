@@ -1,0 +1,547 @@
+"""The sessions, catalog, quota and admin API: every endpoint, and every bad input a clear 4xx that
+leaves nothing allocated and nothing half-written."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from rest_framework.test import APIClient
+
+from billing.models import AuditEntry
+from portal.services import access_token_create, team_create
+from provisioner.models import Allocation, Node, Quota, Session
+from provisioner.sealing import unseal
+from provisioner.services.quotas import quota_set
+from tests.provisioner.conftest import (
+    A100,
+    ENV,
+    beat,
+    client_for,
+    counts,
+    gpu,
+    make_node,
+    make_user,
+    workload_status,
+)
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def fleet(catalog):
+    """One node: an A100 for slices (best effort), a second A100, a T4 and an H200 in MIG."""
+    node, token = make_node(
+        "node-a",
+        [
+            gpu(0, "GPU-a-0"),
+            gpu(1, "GPU-a-1"),
+            gpu(2, "GPU-a-2", "NVIDIA Tesla T4", 15360),
+            gpu(
+                3,
+                "GPU-a-3",
+                "NVIDIA H200",
+                143771,
+                mig_devices=[
+                    {"uuid": f"MIG-a-3-{i}", "profile": "1g.18gb", "memory_total_mib": 16384}
+                    for i in range(7)
+                ],
+            ),
+        ],
+        sharing_policy="best-effort",
+    )
+    return node
+
+
+def launch(client: APIClient, key: str | None = None, **fields):
+    body = {"gpu_model": A100, "profile": "whole", "environment": ENV, **fields}
+    headers = {"HTTP_IDEMPOTENCY_KEY": key} if key else {}
+    return client.post("/api/v1/sessions", body, format="json", **headers)
+
+
+def assert_error(response, status: int, field: str | None = None, code: str | None = None) -> dict:
+    assert response.status_code == status, response.content
+    error = response.json()["error"]
+    assert error["message"]
+    if field is not None:
+        assert field in error["fields"], error
+    if code is not None:
+        assert error["code"].startswith(code), error
+    return error
+
+
+# --- catalog -----------------------------------------------------------------------------------------
+
+
+def test_catalog_lists_models_profiles_prices_and_what_fits_now(fleet):
+    body = client_for(make_user()).get("/api/v1/catalog").json()
+    models = {m["name"]: m for m in body["gpu_models"]}
+    assert set(models) == {A100, "T4", "H200"}
+    a100 = {p["profile"]: p for p in models[A100]["profiles"]}
+    assert a100["whole"]["available"] == 2
+    assert a100["1/8"]["available"] == 16
+    assert a100["whole"]["price"]["price_micros_per_hour"] == 12_000_000
+    assert a100["1/2"]["price"]["price_micros_per_hour"] == 6_000_000
+    h200 = {p["profile"]: p for p in models["H200"]["profiles"]}
+    assert h200["1g.18gb"]["available"] == 7
+    assert h200["whole"]["available"] == 0  # its only card is laid out in MIG
+    assert body["cpu"]["price"]["price_micros_per_hour"] == 360_000
+    assert [e["name"] for e in body["environments"]] == [ENV]
+    assert body["currency"]
+
+
+def test_the_api_needs_a_login():
+    for path in ("/api/v1/catalog", "/api/v1/sessions", "/api/v1/quota", f"/api/v1/sessions/{uuid.uuid4()}"):
+        response = APIClient().get(path)
+        assert response.status_code in (401, 403)
+        assert response.json()["error"]["code"]
+
+
+# --- launch ------------------------------------------------------------------------------------------
+
+
+def test_launch_places_a_whole_card_and_shows_its_limits(
+    fleet, sent_tasks, django_capture_on_commit_callbacks
+):
+    user = make_user()
+    with django_capture_on_commit_callbacks(execute=True):
+        response = launch(client_for(user), max_hours=2, idle_minutes=30)
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert body["state"] == "placing"
+    assert body["node"] == "node-a"
+    assert body["account"]["id"] == user.account_id
+    assert body["price"]["price_micros_per_hour"] == 12_000_000
+    limits = body["limits"]
+    assert limits["device"]["uuid"] in ("GPU-a-0", "GPU-a-1")
+    assert (limits["slot_start"], limits["slot_count"], limits["compute_percent"]) == (0, 8, 100)
+    assert limits["memory_cap_mib"] == 81920
+    assert limits["sharing_policy"] == "exclusive"
+    assert (limits["max_seconds"], limits["idle_seconds"]) == (7200, 1800)
+    assert body["jupyter_url"] is None and body["queue"] is None and body["cost"] is None
+    assert Allocation.objects.filter(session_id=body["id"]).exists()
+    assert ("session_start_task", (body["id"],)) in sent_tasks
+
+
+def test_a_slice_takes_an_aligned_block_of_a_shared_gpu(fleet, sent_tasks):
+    client = client_for(make_user())
+    first = launch(client, profile="1/4").json()
+    second = launch(client, profile="1/4").json()
+    assert first["limits"]["sharing_policy"] == "best-effort"
+    assert first["limits"]["memory_cap_mib"] == 81920 * 2 // 8
+    assert first["limits"]["compute_percent"] == 25
+    assert first["limits"]["device"]["uuid"] == second["limits"]["device"]["uuid"]  # binpack
+    assert {first["limits"]["slot_start"], second["limits"]["slot_start"]} == {0, 2}
+
+
+def test_a_mig_profile_goes_to_a_mig_device(fleet, sent_tasks):
+    body = launch(client_for(make_user()), gpu_model="H200", profile="1g.18gb").json()
+    assert body["limits"]["device"]["uuid"].startswith("MIG-a-3-")
+    assert body["limits"]["device"]["kind"] == "mig"
+    assert body["limits"]["sharing_policy"] == "exclusive"
+
+
+def test_a_cpu_session_needs_no_gpu(fleet, sent_tasks):
+    body = launch(client_for(make_user()), gpu_model="", profile="cpu").json()
+    assert body["state"] == "placing"
+    assert body["gpu_model"] is None and body["limits"]["device"] is None
+    assert not Allocation.objects.exists()
+
+
+def test_the_same_idempotency_key_returns_the_same_session(fleet, sent_tasks):
+    client = client_for(make_user())
+    first = launch(client, key="launch-1")
+    assert first.status_code == 201
+    before = counts()
+    again = launch(client, key="launch-1")
+    assert again.status_code == 200
+    assert again.json()["id"] == first.json()["id"]
+    assert counts() == before
+    other = launch(client, key="launch-2")
+    assert other.status_code == 201 and other.json()["id"] != first.json()["id"]
+
+
+def test_an_idempotency_key_is_per_user(fleet, sent_tasks):
+    mine = launch(client_for(make_user()), key="same").json()
+    theirs = launch(client_for(make_user()), key="same").json()
+    assert mine["id"] != theirs["id"]
+
+
+def test_when_nothing_fits_the_session_queues_with_a_position(fleet, sent_tasks):
+    for _ in range(2):
+        assert launch(client_for(make_user())).json()["state"] == "placing"
+    queued = launch(client_for(make_user()))
+    assert queued.status_code == 201
+    body = queued.json()
+    assert body["state"] == "queued"
+    assert body["queue"] == {"position": 1, "estimate_seconds": None}
+    assert not Allocation.objects.filter(session_id=body["id"]).exists()
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"gpu_model": "V100"}, "gpu_model"),
+        ({"profile": "1/3"}, "profile"),
+        ({"environment": "R-4.4"}, "environment"),
+        ({"gpu_model": "T4", "profile": "1/4"}, "profile"),  # T4 offers whole and 1/2 only
+        ({"gpu_model": "H200", "profile": "1/2"}, "profile"),
+        ({"profile": None}, "profile"),
+        ({"profile": ""}, "profile"),
+        ({"profile": ["whole"]}, "profile"),
+        ({"max_hours": "many"}, "max_hours"),
+        ({"max_hours": -1}, "max_hours"),
+        ({"max_hours": 0}, "max_hours"),
+        ({"max_hours": 1e308}, "max_hours"),
+        ({"idle_minutes": 0}, "idle_minutes"),
+        ({"idle_minutes": 1.5}, "idle_minutes"),
+        ({"idle_minutes": True}, "idle_minutes"),
+        ({"account": "mine"}, "account"),
+        ({"environment": "x" * 1000}, "environment"),
+    ],
+)
+def test_bad_launch_input_is_a_400_and_writes_nothing(
+    fleet, sent_tasks, django_capture_on_commit_callbacks, fields, field
+):
+    client = client_for(make_user())
+    before = counts()
+    with django_capture_on_commit_callbacks(execute=True) as callbacks:
+        assert_error(launch(client, **fields), 400, field)
+    assert counts() == before
+    assert callbacks == [] and sent_tasks == []
+
+
+def test_a_launch_body_that_is_not_json_is_a_400(fleet):
+    client = client_for(make_user())
+    before = counts()
+    response = client.post("/api/v1/sessions", "{not json", content_type="application/json")
+    assert_error(response, 400)
+    response = client.post("/api/v1/sessions", [1, 2], format="json")
+    assert_error(response, 400)
+    assert counts() == before
+
+
+def test_a_bad_idempotency_key_is_refused(fleet, sent_tasks):
+    before = counts()
+    assert_error(launch(client_for(make_user()), key="k" * 300), 400, "idempotency_key")
+    assert counts() == before
+
+
+def test_over_quota_is_a_403_and_writes_nothing(fleet, sent_tasks):
+    user = make_user()
+    quota_set(user=user, limits={"max_sessions": 1})
+    client = client_for(user)
+    assert launch(client).status_code == 201
+    before = counts()
+    assert_error(launch(client), 403, code="quota")
+    assert counts() == before
+
+
+@pytest.mark.parametrize(
+    ("limits", "fields"),
+    [
+        ({"max_eighths": 2}, {"profile": "1/2"}),
+        ({"allowed_gpu_models": ["T4"]}, {}),
+        ({"allowed_profiles": ["1/8"]}, {}),
+        ({"max_session_seconds": 3600}, {"max_hours": 2}),
+    ],
+)
+def test_each_quota_limit_refuses_a_launch(fleet, sent_tasks, limits, fields):
+    user = make_user()
+    quota_set(user=user, limits=limits)
+    before = counts()
+    assert_error(launch(client_for(user), **fields), 403, code="quota")
+    assert counts() == before
+
+
+def test_too_little_money_is_a_402_and_writes_nothing(fleet, sent_tasks):
+    user = make_user(funds=100_000)  # 0.1 of the currency: half a minute of an A100
+    before = counts()
+    assert_error(launch(client_for(user)), 402, code="insufficient_funds")
+    assert counts() == before
+
+
+def test_an_account_the_user_may_not_pay_with_is_a_404(fleet, sent_tasks):
+    user, stranger = make_user(), make_user()
+    team = team_create(creator=stranger, name="Other Lab")
+    client = client_for(user)
+    before = counts()
+    for account_id in (stranger.account_id, team.account_id, 999_999):
+        assert_error(launch(client, account=account_id), 404, "account")
+    assert counts() == before
+
+
+def test_a_team_member_may_pay_with_the_team_account(fleet, sent_tasks):
+    lead = make_user()
+    team = team_create(creator=lead, name="Vision Lab")
+    from tests.billing.conftest import fund
+
+    fund(team.account, 50_000_000)
+    response = launch(client_for(lead), account=team.account_id)
+    assert response.status_code == 201
+    assert response.json()["account"] == {"id": team.account_id, "name": team.account.name, "kind": "team"}
+
+
+# --- reading sessions --------------------------------------------------------------------------------
+
+
+def test_list_is_paged_newest_first_and_filters_by_state(fleet, sent_tasks):
+    client = client_for(make_user())
+    ids = [launch(client, profile="1/8").json()["id"] for _ in range(3)]
+    Session.objects.filter(id=ids[0]).update(state="stopped")
+    page = client.get("/api/v1/sessions?limit=2").json()
+    assert page["count"] == 3
+    assert [s["id"] for s in page["results"]] == [ids[2], ids[1]]
+    assert page["next"]
+    placing = client.get("/api/v1/sessions?state=placing").json()
+    assert {s["id"] for s in placing["results"]} == {ids[1], ids[2]}
+    both = client.get("/api/v1/sessions?state=placing,stopped").json()
+    assert both["count"] == 3
+    assert_error(client.get("/api/v1/sessions?state=sleeping"), 400, "state")
+
+
+def test_other_tenants_sessions_are_404_like_missing_ones(fleet, sent_tasks):
+    mine = launch(client_for(make_user())).json()["id"]
+    other = client_for(make_user())
+    for path in ("", "/events", "/metrics"):
+        assert_error(other.get(f"/api/v1/sessions/{mine}{path}"), 404, code="not_found")
+    before = counts()
+    assert_error(other.post(f"/api/v1/sessions/{mine}/stop"), 404)
+    assert counts() == before
+    assert Session.objects.get(id=mine).state == "placing"
+    assert other.get("/api/v1/sessions").json()["count"] == 0
+    for missing in (uuid.uuid4(), "not-a-uuid", "1"):
+        assert_error(other.get(f"/api/v1/sessions/{missing}"), 404)
+
+
+def test_a_running_session_shows_its_jupyter_url_and_cost_never_its_token(fleet, sent_tasks):
+    user = make_user()
+    client = client_for(user)
+    sid = launch(client).json()["id"]
+    session = Session.objects.get(id=sid)
+    beat(fleet, [workload_status(session, "running")])
+    body = client.get(f"/api/v1/sessions/{sid}").json()
+    assert body["state"] == "running"
+    assert body["jupyter_url"] == f"/jupyter/{sid}/lab"
+    assert body["cost"]["total_micros"] >= 0
+    assert body["running_at"] and body["last_alive_at"]
+    token = unseal(session.jupyter_token_sealed)
+    for path in ("", "/events", "/metrics"):
+        assert token not in client.get(f"/api/v1/sessions/{sid}{path}").content.decode()
+    assert token not in client.get("/api/v1/sessions").content.decode()
+
+
+def test_events_tell_the_story_of_a_session(fleet, sent_tasks):
+    client = client_for(make_user())
+    sid = launch(client).json()["id"]
+    beat(fleet, [workload_status(Session.objects.get(id=sid), "running")])
+    events = client.get(f"/api/v1/sessions/{sid}/events").json()
+    assert [e["to_state"] for e in events if e["kind"] == "state"] == ["placing", "running"]
+    assert events[0]["kind"] == "launch"
+
+
+def test_metrics_are_the_device_samples_of_the_sessions_life(fleet, sent_tasks):
+    client = client_for(make_user())
+    sid = launch(client).json()["id"]
+    session = Session.objects.get(id=sid)
+    assert client.get(f"/api/v1/sessions/{sid}/metrics").json()["samples"] == []
+    beat(fleet, [workload_status(session, "running")])
+    session.refresh_from_db()
+    for util in (10, 60, 90):
+        beat(
+            fleet,
+            [workload_status(session, "running")],
+            metrics=[{"uuid": session.device.uuid, "gpu_util_percent": util, "memory_used_mib": 1024}],
+        )
+    body = client.get(f"/api/v1/sessions/{sid}/metrics").json()
+    assert body["device"] == session.device.uuid
+    assert [s["gpu_util_percent"] for s in body["samples"]] == [10, 60, 90]
+
+
+# --- stop --------------------------------------------------------------------------------------------
+
+
+def test_stop_moves_a_placed_session_to_stopping_and_is_idempotent(
+    fleet, sent_tasks, django_capture_on_commit_callbacks
+):
+    client = client_for(make_user())
+    sid = launch(client).json()["id"]
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post(f"/api/v1/sessions/{sid}/stop", {"reason": "done for today"}, format="json")
+    assert response.status_code == 200
+    assert response.json()["state"] == "stopping"
+    assert "done for today" in response.json()["reason"]
+    assert ("session_stop_task", (sid,)) in sent_tasks
+    again = client.post(f"/api/v1/sessions/{sid}/stop")
+    assert again.status_code == 200 and again.json()["state"] == "stopping"
+    assert Allocation.objects.filter(session_id=sid).exists()  # freed once the agent confirms it gone
+    beat(fleet, [])
+    assert client.get(f"/api/v1/sessions/{sid}").json()["state"] == "stopped"
+    assert not Allocation.objects.filter(session_id=sid).exists()
+
+
+def test_stop_with_a_garbage_reason_is_a_400(fleet, sent_tasks):
+    client = client_for(make_user())
+    sid = launch(client).json()["id"]
+    assert_error(
+        client.post(f"/api/v1/sessions/{sid}/stop", {"reason": "x" * 500}, format="json"), 400, "reason"
+    )
+    assert Session.objects.get(id=sid).state == "placing"
+
+
+# --- quota -------------------------------------------------------------------------------------------
+
+
+def test_quota_shows_limits_and_usage_for_the_user_and_their_teams(fleet, sent_tasks):
+    user = make_user()
+    team = team_create(creator=user, name="Course 101")
+    quota_set(account=team.account, limits={"max_eighths": 16})
+    quota_set(user=user, account=team.account, limits={"max_eighths": 2})
+    client = client_for(user)
+    launch(client, profile="1/2")
+    body = client.get("/api/v1/quota").json()
+    assert body["user"]["usage"] == {"sessions": 1, "eighths": 4, "spend_micros": 0}
+    assert body["user"]["limits"]["max_sessions"] == 4
+    (course,) = body["teams"]
+    assert course["account"] == team.account_id
+    assert course["team"]["limits"]["max_eighths"] == 16
+    assert course["member"]["limits"]["max_eighths"] == 2
+
+
+# --- tokens and scopes -------------------------------------------------------------------------------
+
+
+def test_a_read_token_reads_sessions_but_cannot_launch(fleet, sent_tasks):
+    user = make_user()
+    _token, raw = access_token_create(user=user, name="ci", scopes=["read"])
+    client = APIClient(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    assert client.get("/api/v1/sessions").status_code == 200
+    assert client.get("/api/v1/catalog").status_code == 200
+    before = counts()
+    assert_error(launch(client), 403)
+    assert counts() == before
+    _token, raw = access_token_create(user=user, name="launcher", scopes=["sessions"])
+    assert launch(APIClient(HTTP_AUTHORIZATION=f"Bearer {raw}")).status_code == 201
+
+
+# --- admin -------------------------------------------------------------------------------------------
+
+
+def test_admin_endpoints_are_for_staff_only(fleet):
+    client = client_for(make_user())
+    node = Node.objects.get(name="node-a")
+    before = counts()
+    assert_error(client.get("/api/v1/admin/nodes"), 403)
+    assert_error(
+        client.post("/api/v1/admin/nodes", {"name": "x", "address": "http://h:1"}, format="json"), 403
+    )
+    assert_error(client.post(f"/api/v1/admin/nodes/{node.id}/cordon"), 403)
+    assert_error(client.get("/api/v1/admin/quotas"), 403)
+    assert_error(client.put("/api/v1/admin/quotas", {"user": 1, "limits": {}}, format="json"), 403)
+    assert counts() == before
+    assert Node.objects.get(id=node.id).state == "active"
+
+
+def test_staff_enrol_a_node_and_get_its_token_once(fleet):
+    staff = client_for(make_user(staff=True))
+    response = staff.post(
+        "/api/v1/admin/nodes", {"name": "node-c", "address": "http://10.0.0.7:8701"}, format="json"
+    )
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert body["token"] and body["state"] == "active" and body["devices"] == []
+    listed = {n["name"]: n for n in staff.get("/api/v1/admin/nodes").json()}
+    assert "token" not in listed["node-c"]
+    assert len(listed["node-a"]["devices"]) == 4 + 7
+    assert listed["node-a"]["devices"][0]["slot_map"] == [None] * 8
+    assert AuditEntry.objects.filter(action="node.enroll", target_id=str(body["id"])).exists()
+    for bad in ({"name": "", "address": "http://h:1"}, {"name": "n", "address": "ftp://h"}, {"name": "n"}):
+        assert_error(staff.post("/api/v1/admin/nodes", bad, format="json"), 400)
+    assert Node.objects.count() == 2
+
+
+def test_staff_cordon_drain_and_uncordon_a_node(fleet, sent_tasks):
+    sid = launch(client_for(make_user())).json()["id"]
+    staff = client_for(make_user(staff=True))
+    node = Node.objects.get(name="node-a")
+    assert staff.post(f"/api/v1/admin/nodes/{node.id}/cordon").json()["state"] == "cordoned"
+    # a cordoned node takes no new session: this one queues
+    assert launch(client_for(make_user())).json()["state"] == "queued"
+    assert (
+        staff.post(f"/api/v1/admin/nodes/{node.id}/drain", {"reason": "maintenance"}, format="json").json()[
+            "state"
+        ]
+        == "draining"
+    )
+    assert Session.objects.get(id=sid).state == "stopping"
+    assert staff.post(f"/api/v1/admin/nodes/{node.id}/uncordon").json()["state"] == "active"
+    assert_error(staff.post(f"/api/v1/admin/nodes/{node.id}/reboot"), 400)
+    assert_error(staff.post("/api/v1/admin/nodes/999999/cordon"), 404)
+    actions = list(AuditEntry.objects.filter(target_id=str(node.id)).values_list("action", flat=True))
+    assert {"node.cordon", "node.drain", "node.uncordon"} <= set(actions)
+
+
+def test_staff_set_quotas_with_an_audit_row(fleet):
+    staff_user = make_user(staff=True)
+    staff = client_for(staff_user)
+    user = make_user()
+    response = staff.put(
+        "/api/v1/admin/quotas",
+        {"user": user.id, "limits": {"max_sessions": 1, "allowed_profiles": ["1/8"]}, "reason": "course"},
+        format="json",
+    )
+    assert response.status_code == 200, response.content
+    assert response.json()["limits"]["max_sessions"] == 1
+    staff.put("/api/v1/admin/quotas", {"user": user.id, "limits": {"max_eighths": 4}}, format="json")
+    quota = Quota.objects.get(user=user, account__isnull=True)
+    assert (quota.max_sessions, quota.max_eighths, quota.allowed_profiles) == (1, 4, ["1/8"])
+    audits = AuditEntry.objects.filter(action="quota.set", target_id=str(quota.id)).order_by("id")
+    assert [a.actor_id for a in audits] == [staff_user.id, staff_user.id]
+    assert audits[1].before["max_eighths"] is None and audits[1].after["max_eighths"] == 4
+    assert [q["id"] for q in staff.get("/api/v1/admin/quotas").json()] == [quota.id]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"limits": {"max_sessions": 1}},
+        {"user": 999_999, "limits": {"max_sessions": 1}},
+        {"account": 999_999, "limits": {"max_sessions": 1}},
+        {"user": "me", "limits": {}},
+        {"user": 1, "limits": {"max_sessions": -1}},
+        {"user": 1, "limits": {"max_sessions": "lots"}},
+        {"user": 1, "limits": {"allowed_profiles": "whole"}},
+        {"user": 1, "limits": "none"},
+    ],
+)
+def test_bad_quota_input_is_a_4xx_and_writes_nothing(fleet, body):
+    staff = client_for(make_user(staff=True))
+    if body.get("user") == 1:
+        body = {**body, "user": make_user().id}
+    before = counts()
+    audits = AuditEntry.objects.count()
+    response = staff.put("/api/v1/admin/quotas", body, format="json")
+    assert response.status_code in (400, 404), response.content
+    assert response.json()["error"]["message"]
+    assert counts() == before
+    assert AuditEntry.objects.count() == audits
+
+
+def test_the_openapi_schema_documents_the_provisioner(client):
+    schema = client.get("/api/schema/", HTTP_ACCEPT="application/json").json()
+    for path in (
+        "/api/v1/catalog",
+        "/api/v1/sessions",
+        "/api/v1/sessions/{session_id}",
+        "/api/v1/sessions/{session_id}/stop",
+        "/api/v1/sessions/{session_id}/events",
+        "/api/v1/sessions/{session_id}/metrics",
+        "/api/v1/quota",
+        "/api/v1/admin/nodes",
+        "/api/v1/admin/quotas",
+        "/api/agent/heartbeat",
+    ):
+        assert path in schema["paths"], path
+    launch_op = schema["paths"]["/api/v1/sessions"]["post"]
+    assert {"201", "200"} <= set(launch_op["responses"])
+    assert any(p["name"] == "Idempotency-Key" for p in launch_op["parameters"])

@@ -1,0 +1,285 @@
+"""``POST /api/agent/heartbeat``: node-authenticated, strict about shape, and a refused heartbeat leaves
+no trace. The agent's own heartbeat client (agents/heartbeat.py) talks to the real endpoint."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from rest_framework.test import APIClient
+
+from agents.heartbeat import build_heartbeat, post_heartbeat
+from agents.nvml import GpuReader, nvml_source
+from billing.models import Meter
+from provisioner.models import Device, DeviceSample, Node, Session
+from provisioner.services.nodes import node_enroll
+from provisioner.services.sessions import session_launch
+from tests.agents.conftest import CI_FLEET
+from tests.provisioner.conftest import (
+    A100,
+    ENV,
+    counts,
+    gpu,
+    heartbeat_body,
+    make_node,
+    make_user,
+    workload_status,
+)
+
+pytestmark = pytest.mark.django_db
+URL = "/api/agent/heartbeat"
+
+
+def post(token: str | None, body, *, raw: str | None = None):
+    client = APIClient()
+    headers = {"HTTP_AUTHORIZATION": f"Bearer {token}"} if token is not None else {}
+    data = raw if raw is not None else json.dumps(body)
+    return client.post(URL, data, content_type="application/json", **headers)
+
+
+@pytest.fixture
+def enrolled(catalog):
+    enrolment = node_enroll(name="node-a", address="http://127.0.0.1:9")
+    return enrolment.node, enrolment.token
+
+
+def test_a_heartbeat_records_inventory_metrics_and_answers_desired_workloads(enrolled):
+    node, token = enrolled
+    body = heartbeat_body(
+        [gpu(0, "GPU-a-0"), gpu(1, "GPU-a-1", "NVIDIA Tesla T4", 15360)],
+        metrics=[{"uuid": "GPU-a-0", "gpu_util_percent": 37, "memory_used_mib": 2048, "temperature_c": 45}],
+    )
+    response = post(token, body)
+    assert response.status_code == 200, response.content
+    assert response.json() == {"desired_workloads": [], "heartbeat_interval_seconds": 5}
+    node.refresh_from_db()
+    assert node.last_heartbeat_at is not None
+    assert (node.agent_version, node.runtime, node.driver_version) == ("0.1.0", "process", "550.54.15")
+    devices = {d.uuid: d for d in Device.objects.filter(node=node)}
+    assert devices["GPU-a-0"].gpu_model.name == A100
+    assert devices["GPU-a-1"].gpu_model.name == "T4"
+    assert DeviceSample.objects.get(device=devices["GPU-a-0"]).gpu_util_percent == 37
+
+
+def test_the_answer_carries_the_spec_of_a_placed_session_and_running_opens_the_meter(enrolled):
+    node, token = enrolled
+    post(token, heartbeat_body([gpu(0, "GPU-a-0")]))
+    user = make_user()
+    session = session_launch(
+        user=user,
+        account=user.account,
+        gpu_model=A100,
+        profile="whole",
+        environment=ENV,
+        max_hours=1,
+        idle_minutes=30,
+        idempotency_key=None,
+    )
+    (spec,) = post(token, heartbeat_body([gpu(0, "GPU-a-0")])).json()["desired_workloads"]
+    assert spec["session_id"] == str(session.id)
+    assert spec["allocation"] == {
+        "device_uuid": "GPU-a-0",
+        "profile": "whole",
+        "slot_start": 0,
+        "slot_count": 8,
+        "sharing_policy": "exclusive",
+    }
+    assert spec["base_url"] == f"/jupyter/{session.id}/"
+    assert spec["environment"]["name"] == ENV and spec["token"]
+    post(token, heartbeat_body([gpu(0, "GPU-a-0")], [workload_status(session, "running")]))
+    session.refresh_from_db()
+    assert session.state == "running" and session.upstream == "http://127.0.0.1:45678"
+    assert Meter.objects.get(session_ref=str(session.id)).state == "open"
+
+
+@pytest.mark.parametrize(
+    "authorization",
+    [None, "", "Bearer", "Bearer wrong-token-0123456789", "Basic bm9kZTpwYXNz", "Token {token}", "Bearer  "],
+)
+def test_a_wrong_or_missing_token_is_a_401_and_writes_nothing(enrolled, authorization):
+    node, token = enrolled
+    before = counts()
+    client = APIClient()
+    headers = {} if authorization is None else {"HTTP_AUTHORIZATION": authorization.format(token=token)}
+    response = client.post(URL, heartbeat_body([gpu(0, "GPU-a-0")]), format="json", **headers)
+    assert response.status_code == 401, response.content
+    assert response.json()["error"]["code"] == "unauthorised"
+    assert counts() == before
+    assert Node.objects.get(id=node.id).last_heartbeat_at is None
+
+
+def test_a_user_access_token_is_not_a_node_token(enrolled):
+    from portal.services import access_token_create
+
+    _token, raw = access_token_create(user=make_user(), name="x", scopes=["read", "sessions"])
+    assert post(raw, heartbeat_body([])).status_code == 401
+
+
+def _garbage_bodies():
+    good = heartbeat_body(
+        [
+            gpu(
+                0,
+                "GPU-a-0",
+                mig_devices=[{"uuid": "MIG-a-0-0", "profile": "1g.10gb", "memory_total_mib": 9728}],
+            )
+        ],
+        metrics=[{"uuid": "GPU-a-0", "gpu_util_percent": 1}],
+    )
+
+    def mutate(path: str, value):
+        body = copy.deepcopy(good)
+        *parents, last = path.split(".")
+        target = body
+        for key in parents:
+            target = target[int(key)] if key.isdigit() else target[key]
+        if value is KeyError:
+            del target[last]
+        else:
+            target[int(last) if last.isdigit() else last] = value
+        return body
+
+    return [
+        ("not an object", [1, 2, 3]),
+        ("a string", "heartbeat"),
+        ("no inventory", mutate("inventory", KeyError)),
+        ("gpus not a list", mutate("inventory.gpus", {"0": {}})),
+        ("gpu not an object", mutate("inventory.gpus.0", "GPU-a-0")),
+        ("empty uuid", mutate("inventory.gpus.0.uuid", "")),
+        ("uuid too long", mutate("inventory.gpus.0.uuid", "G" * 101)),
+        ("index a string", mutate("inventory.gpus.0.index", "0")),
+        ("index negative", mutate("inventory.gpus.0.index", -1)),
+        ("index huge", mutate("inventory.gpus.0.index", 10**9)),
+        ("memory a float", mutate("inventory.gpus.0.memory_total_mib", 81920.5)),
+        ("memory huge", mutate("inventory.gpus.0.memory_total_mib", 10**12)),
+        ("health unknown", mutate("inventory.gpus.0.health", "melting")),
+        ("mig_mode a string", mutate("inventory.gpus.0.mig_mode", "yes")),
+        ("mig without profile", mutate("inventory.gpus.0.mig_devices.0.profile", None)),
+        ("mig uuid twice", mutate("inventory.gpus.0.mig_devices.0.uuid", "GPU-a-0")),
+        ("metrics not an object", mutate("metrics", [])),
+        ("metric a string", mutate("metrics.gpus.0.gpu_util_percent", "high")),
+        ("metric a boolean", mutate("metrics.gpus.0.gpu_util_percent", True)),
+        ("workloads not a list", mutate("workloads", {})),
+        ("workload without id", mutate("workloads", [{"state": "running"}])),
+        ("workload state unknown", mutate("workloads", [{"session_id": "abc", "state": "dancing"}])),
+        (
+            "workload upstream a number",
+            mutate("workloads", [{"session_id": "a", "state": "running", "upstream": 5}]),
+        ),
+        ("agent_version a number", mutate("agent_version", 1)),
+    ]
+
+
+@pytest.mark.parametrize(("what", "body"), _garbage_bodies(), ids=[w for w, _b in _garbage_bodies()])
+def test_garbage_is_a_400_with_the_error_body_and_writes_nothing(enrolled, what, body):
+    node, token = enrolled
+    before = counts()
+    response = post(token, body)
+    assert response.status_code == 400, (what, response.content)
+    error = response.json()["error"]
+    assert error["code"] == "invalid" and error["message"] and error["fields"], error
+    assert counts() == before
+    assert Node.objects.get(id=node.id).last_heartbeat_at is None
+
+
+def test_a_body_that_is_not_json_is_a_400(enrolled):
+    _node, token = enrolled
+    before = counts()
+    for raw in ("{not json", "", '{"inventory": NaN}'):
+        response = post(token, None, raw=raw)
+        assert response.status_code == 400, (raw, response.content)
+        assert response.json()["error"]["message"]
+    assert counts() == before
+
+
+def test_out_of_range_figures_are_clamped_not_a_500(enrolled):
+    _node, token = enrolled
+    body = heartbeat_body(
+        [gpu(0, "GPU-a-0")],
+        metrics=[
+            {"uuid": "GPU-a-0", "gpu_util_percent": 10**12, "temperature_c": -(10**9), "power_w": 1e300}
+        ],
+    )
+    assert post(token, body).status_code == 200
+    sample = DeviceSample.objects.get()
+    assert (sample.gpu_util_percent, sample.temperature_c) == (32767, -32768)
+
+
+def test_a_device_that_moved_to_another_node_is_a_409_and_writes_nothing(catalog):
+    node_a, _token_a = make_node("node-a", [gpu(0, "GPU-shared-0")])
+    node_b, token_b = make_node("node-b", [gpu(0, "GPU-b-0")])
+    seen_a = Node.objects.get(id=node_a.id).last_heartbeat_at
+    seen_b = Node.objects.get(id=node_b.id).last_heartbeat_at
+    before = counts()
+    response = post(token_b, heartbeat_body([gpu(0, "GPU-b-0"), gpu(1, "GPU-shared-0")]))
+    assert response.status_code == 409, response.content
+    error = response.json()["error"]
+    assert error["code"] == "device_moved" and "node-a" in error["message"]
+    assert counts() == before
+    assert Device.objects.get(uuid="GPU-shared-0").node_id == node_a.id
+    assert Node.objects.get(id=node_a.id).last_heartbeat_at == seen_a
+    assert Node.objects.get(id=node_b.id).last_heartbeat_at == seen_b
+
+
+def test_a_gpu_missing_from_the_inventory_is_marked_missing_and_not_placed_on(catalog):
+    node, token = make_node("node-a", [gpu(0, "GPU-a-0"), gpu(1, "GPU-a-1")])
+    post(token, heartbeat_body([gpu(0, "GPU-a-0")]))
+    assert Device.objects.get(uuid="GPU-a-1").health == "missing"
+    post(token, heartbeat_body([gpu(0, "GPU-a-0"), gpu(1, "GPU-a-1", health="lost")]))
+    assert Device.objects.get(uuid="GPU-a-1").health == "lost"
+
+
+def test_samples_are_a_short_history_not_a_growing_table(catalog, settings):
+    settings.DEVICE_SAMPLES_KEPT = 3
+    _node, token = make_node("node-a", [gpu(0, "GPU-a-0")])
+    for util in range(6):
+        post(
+            token,
+            heartbeat_body([gpu(0, "GPU-a-0")], metrics=[{"uuid": "GPU-a-0", "gpu_util_percent": util}]),
+        )
+    assert sorted(DeviceSample.objects.values_list("gpu_util_percent", flat=True)) == [3, 4, 5]
+
+
+def test_a_node_that_was_down_comes_back_to_the_state_it_had(catalog):
+    node, token = make_node("node-a")
+    Node.objects.filter(id=node.id).update(state="down", state_before_down="cordoned")
+    post(token, heartbeat_body([gpu(0, "GPU-node-a-0")]))
+    assert Node.objects.get(id=node.id).state == "cordoned"
+
+
+def test_workloads_of_other_nodes_or_unknown_ids_are_ignored(catalog):
+    node_a, _ = make_node("node-a", [gpu(0, "GPU-a-0")])
+    _node_b, token_b = make_node("node-b", [gpu(0, "GPU-b-0")])
+    user = make_user()
+    session = session_launch(
+        user=user,
+        account=user.account,
+        gpu_model=A100,
+        profile="whole",
+        environment=ENV,
+        max_hours=1,
+        idle_minutes=30,
+        idempotency_key=None,
+    )
+    assert session.node_id == node_a.id
+    statuses = [workload_status(session, "running"), {"session_id": "not-a-uuid", "state": "running"}]
+    assert post(token_b, heartbeat_body([gpu(0, "GPU-b-0")], statuses)).status_code == 200
+    assert Session.objects.get(id=session.id).state == "placing"
+
+
+@pytest.mark.slow
+def test_the_agents_own_heartbeat_client_is_understood(live_server, catalog):
+    """agents/heartbeat.py builds the body from a fake NVML fleet and POSTs it where the portal listens."""
+    enrolment = node_enroll(name="ci-small", address="http://127.0.0.1:9")
+    reader = GpuReader(nvml_source("fake", fleet_path=str(CI_FLEET)).open())
+    body = build_heartbeat(
+        listen_url="http://127.0.0.1:9", runtime="process", reader=reader, workloads=[], pids_by_session={}
+    )
+    answer = post_heartbeat(live_server.url, enrolment.token, body)
+    assert answer["desired_workloads"] == []
+    devices = Device.objects.filter(node=enrolment.node)
+    assert devices.filter(kind="physical").count() == 2
+    assert devices.filter(kind="mig").count() == 5
+    assert set(devices.values_list("gpu_model__name", flat=True)) == {A100}
+    assert DeviceSample.objects.filter(device__node=enrolment.node).exists()

@@ -1,0 +1,195 @@
+"""The session lifecycle past launch: start timeouts, idle and longest-session stops, funds exhausted,
+the queue dispatching when capacity frees, cancelling a queued session. The agent's side comes in
+through the real heartbeat service, as the agent would send it."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from billing.models import Meter
+from billing.services.metering import metering_tick
+from provisioner.models import Allocation, Session, SessionEvent
+from provisioner.services.sessions import (
+    queue_dispatch,
+    session_launch,
+    session_stop,
+    sessions_enforce_limits,
+)
+from provisioner.tasks import session_start_task, sessions_enforce_limits_task
+from tests.provisioner.conftest import A100, ENV, beat, gpu, make_node, make_user, workload_status
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def node(catalog):
+    node, _token = make_node("node-a", [gpu(0, "GPU-a-0")])
+    return node
+
+
+def launch(user=None, **fields) -> Session:
+    user = user or make_user()
+    args = {
+        "gpu_model": A100,
+        "profile": "whole",
+        "environment": ENV,
+        "max_hours": 1,
+        "idle_minutes": 30,
+        "idempotency_key": None,
+        **fields,
+    }
+    return session_launch(user=user, account=user.account, **args)
+
+
+def running(node, session: Session) -> Session:
+    beat(node, [workload_status(session, "running")])
+    session.refresh_from_db()
+    assert session.state == "running"
+    return session
+
+
+def test_a_start_that_times_out_fails_and_frees_the_allocation(node, sent_tasks, settings):
+    settings.SESSION_START_TIMEOUT_SECONDS = 60
+    session = launch()
+    assert Allocation.objects.filter(session=session).exists()
+    Session.objects.filter(id=session.id).update(placed_at=timezone.now() - timedelta(seconds=61))
+    assert session_start_task.apply(args=[str(session.id)]).get() == "timeout"
+    session.refresh_from_db()
+    assert session.state == "failed"
+    assert "did not start within 60 s" in session.reason
+    assert not Allocation.objects.filter(session=session).exists()
+    assert ("workload_delete_task", (node.id, str(session.id))) in sent_tasks
+    assert not Meter.objects.filter(session_ref=str(session.id)).exists()  # never ran: never billed
+
+
+def test_the_limits_sweep_fails_starts_that_hang(node, sent_tasks, settings):
+    settings.SESSION_START_TIMEOUT_SECONDS = 60
+    session = launch()
+    beat(node, [workload_status(session, "starting")])
+    assert Session.objects.get(id=session.id).state == "starting"
+    Session.objects.filter(id=session.id).update(placed_at=timezone.now() - timedelta(seconds=120))
+    sessions_enforce_limits_task.apply().get()
+    assert Session.objects.get(id=session.id).state == "failed"
+    assert not Allocation.objects.exists()
+
+
+def test_an_idle_session_is_warned_then_stopped(node, sent_tasks, settings):
+    settings.SESSION_IDLE_WARN_SECONDS = 300
+    session = running(node, launch(idle_minutes=10))
+    start = session.last_active_at
+    assert sessions_enforce_limits(now=start + timedelta(seconds=200)) == {
+        "max_duration": 0,
+        "idle": 0,
+        "warned": 0,
+    }
+    assert sessions_enforce_limits(now=start + timedelta(seconds=320))["warned"] == 1
+    warning = SessionEvent.objects.get(session=session, kind="idle_warning")
+    assert "stops in about" in warning.message
+    assert sessions_enforce_limits(now=start + timedelta(seconds=400))["warned"] == 0  # warned once
+    assert sessions_enforce_limits(now=start + timedelta(seconds=601))["idle"] == 1
+    session.refresh_from_db()
+    assert session.state == "stopping" and "idle" in session.reason
+    beat(node, [])  # the agent no longer runs it
+    session.refresh_from_db()
+    assert session.state == "stopped"
+    assert not Allocation.objects.exists()
+    assert Meter.objects.get(session_ref=str(session.id)).state == "closed"
+
+
+def test_activity_resets_the_idle_clock_and_the_warning(node, sent_tasks, settings):
+    settings.SESSION_IDLE_WARN_SECONDS = 300
+    session = running(node, launch(idle_minutes=10))
+    Session.objects.filter(id=session.id).update(
+        last_active_at=timezone.now() - timedelta(seconds=400), idle_warned_at=timezone.now()
+    )
+    beat(node, [workload_status(session, "running", gpu_util_percent=80)])
+    session.refresh_from_db()
+    assert session.idle_warned_at is None
+    assert sessions_enforce_limits()["idle"] == 0
+    assert Session.objects.get(id=session.id).state == "running"
+
+
+def test_the_longest_session_time_stops_it(node, sent_tasks):
+    session = running(node, launch(max_hours=1))
+    counts = sessions_enforce_limits(now=session.running_at + timedelta(hours=1, seconds=1))
+    assert counts["max_duration"] == 1
+    session.refresh_from_db()
+    assert session.state == "stopping" and "longest session time" in session.reason
+
+
+def test_funds_exhausted_stops_the_session(node, sent_tasks, django_capture_on_commit_callbacks):
+    user = make_user(funds=2_100_000)  # 10.5 minutes of an A100 at 12/h
+    session = running(node, launch(user))
+    later = session.running_at + timedelta(minutes=20)
+    Meter.objects.filter(session_ref=str(session.id)).update(alive_until=later)
+    with django_capture_on_commit_callbacks(execute=True):
+        result = metering_tick(now=later)
+    assert str(session.id) in result.exhausted_session_refs
+    session.refresh_from_db()
+    assert session.state == "stopping" and "funds exhausted" in session.reason
+    assert ("session_stop_task", (str(session.id),)) in sent_tasks
+
+
+def test_a_queued_session_is_dispatched_when_capacity_frees(node, sent_tasks):
+    first = running(node, launch())
+    waiting = launch()
+    assert waiting.state == "queued"
+    assert queue_dispatch() == 0  # nothing free yet
+    session_stop(session=first, actor=None, reason="done")
+    beat(node, [])  # the agent confirms the first workload gone: its slots are freed
+    assert Session.objects.get(id=first.id).state == "stopped"
+    assert queue_dispatch() == 1
+    waiting.refresh_from_db()
+    assert waiting.state == "placing"
+    assert waiting.device.uuid == "GPU-a-0"
+    assert Allocation.objects.get().session_id == waiting.id
+
+
+def test_the_queue_is_fair_between_accounts(node, sent_tasks):
+    first = running(node, launch())
+    greedy, polite = make_user(), make_user()
+    greedy_one = launch(greedy)
+    greedy_two = launch(greedy)
+    polite_one = launch(polite)
+    assert {s.state for s in (greedy_one, greedy_two, polite_one)} == {"queued"}
+    from provisioner.selectors import queue_place
+
+    assert [queue_place(session=s).position for s in (greedy_one, polite_one, greedy_two)] == [1, 2, 3]
+    session_stop(session=first, actor=None, reason="done")
+    beat(node, [])
+    queue_dispatch()
+    assert Session.objects.get(id=greedy_one.id).state == "placing"
+    assert queue_place(session=Session.objects.get(id=polite_one.id)).position == 1
+
+
+def test_a_queued_session_can_be_cancelled(node, sent_tasks):
+    running(node, launch())
+    waiting = launch()
+    stopped = session_stop(session=waiting, actor=waiting.owner, reason="changed my mind")
+    assert stopped.state == "stopped"
+    assert stopped.reason.startswith("Cancelled")
+    assert stopped.ended_at is not None
+    assert queue_dispatch() == 0
+    assert Session.objects.get(id=waiting.id).state == "stopped"
+    assert not Allocation.objects.filter(session=waiting).exists()
+
+
+def test_a_session_waiting_past_its_longest_wait_fails(node, sent_tasks):
+    running(node, launch())
+    waiting = launch()
+    Session.objects.filter(id=waiting.id).update(queued_at=timezone.now() - timedelta(hours=2))
+    queue_dispatch()
+    waiting.refresh_from_db()
+    assert waiting.state == "failed" and "queue" in waiting.reason
+
+
+def test_a_workload_that_exits_ends_the_session_and_frees_its_slots(node, sent_tasks):
+    session = running(node, launch())
+    beat(node, [workload_status(session, "exited", exit_reason="exit code 1")])
+    session.refresh_from_db()
+    assert session.state == "stopped" and "exit code 1" in session.reason
+    beat(node, [])
+    assert not Allocation.objects.exists()
