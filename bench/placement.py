@@ -50,7 +50,8 @@ MIG_PROFILE = "1g.10gb"
 MIG_PER_GPU = 7
 # (kind, eighths, weight): whole cards dominate the demand in eighths, as on a training fleet.
 MIX = [("whole", 8, 45), ("slice", 4, 20), ("slice", 2, 12), ("slice", 1, 15), ("mig", 8, 8)]
-MEAN_LIFETIME_ARRIVALS = 40_000  # exponential; about a fifth of the requests leave before the fleet fills
+LIFETIME_PER_REQUEST = 2  # mean lifetime (exponential) = 2 × the run's arrivals: about a fifth of the
+# requests leave before the fleet fills, and the fleet fills about four fifths of the way through
 
 
 # --- part 1: in process ---------------------------------------------------------------------------------
@@ -136,12 +137,13 @@ class FirstFitPlacer:
 def workload(count: int, seed: int) -> list[tuple[Request, int]]:
     """Requests with their lifetime, in arrivals."""
     rng = random.Random(seed)
+    mean_lifetime = LIFETIME_PER_REQUEST * count
     kinds = [(kind, eighths) for kind, eighths, _w in MIX]
     weights = [w for _k, _e, w in MIX]
     requests = []
     for kind, eighths in rng.choices(kinds, weights=weights, k=count):
         request = Request(MODEL, kind, eighths, MIG_PROFILE if kind == "mig" else "")
-        requests.append((request, 1 + int(rng.expovariate(1 / MEAN_LIFETIME_ARRIVALS))))
+        requests.append((request, 1 + int(rng.expovariate(1 / mean_lifetime))))
     return requests
 
 
@@ -200,12 +202,10 @@ def in_process(*, nodes: int, count: int, seed: int) -> None:
     fleet = Fleet.build(nodes)
     requests = workload(count, seed)
     gpus = nodes * 8
-    demand = sum(e for k, e, w in MIX if k != "mig") + 0  # for the header only
-    del demand
     print(
         f"part 1 — in process: {nodes} nodes × 8 GPUs ({gpus} GPUs, {len(fleet.classes)} devices), "
         f"{count} requests (whole/half/quarter/eighth/{MIG_PROFILE} = "
-        f"{'/'.join(str(w) for *_x, w in MIX)} %), mean lifetime {MEAN_LIFETIME_ARRIVALS} arrivals"
+        f"{'/'.join(str(w) for *_x, w in MIX)} %), mean lifetime {LIFETIME_PER_REQUEST * count} arrivals"
     )
     outcomes = [
         simulate("ours (binpack)", IndexPlacer(fleet, BINPACK), fleet, requests),
@@ -288,11 +288,13 @@ def database(*, launches: int, seed: int) -> None:
     gpus = Device.objects.filter(kind="physical").count()
     users = [user_make() for _ in range(50)]
     rng = random.Random(seed)
-    profiles = rng.choices(["whole", "1/2", "1/4", "1/8", MIG_PROFILE], weights=[20, 20, 25, 30, 5], k=launches)
+    profiles = rng.choices(
+        ["whole", "1/2", "1/4", "1/8", MIG_PROFILE], weights=[20, 20, 25, 30, 5], k=launches
+    )
     print(
         f"part 2 — database: {launches} launches through session_launch by {len(users)} users on "
-        f"{gpus} GPUs ({Device.objects.filter(kind='mig').count()} of them MIG devices' parents' children "
-        f"counted apart), PostgreSQL {connection.cursor().connection.info.server_version // 10000}"
+        f"{gpus} GPUs (4 of them as {Device.objects.filter(kind='mig').count()} MIG devices), "
+        f"PostgreSQL {connection.cursor().connection.info.server_version // 10000}"
     )
     samples: list[float] = []
     placed: list = []
@@ -318,7 +320,9 @@ def database(*, launches: int, seed: int) -> None:
             placed.append(session.id)
         else:
             queued += 1
-            session_end(session_id=session.id, to=Session.State.STOPPED, reason="bench", from_states=["queued"])
+            session_end(
+                session_id=session.id, to=Session.State.STOPPED, reason="bench", from_states=["queued"]
+            )
         if placed and rng.random() < 0.45:  # departures keep the fleet busy but not full
             gone = placed.pop(rng.randrange(len(placed)))
             session_end(session_id=gone, to=Session.State.STOPPED, reason="bench")

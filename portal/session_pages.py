@@ -382,3 +382,62 @@ def landing_prices() -> dict:
 @login_required
 def running_live(request: HttpRequest) -> HttpResponse:
     return render(request, "includes/running.html", {"running": running_sessions(user=request.user)})
+
+
+# --- a team's money and quota ------------------------------------------------------------------------
+
+
+def team_overview(*, team, membership) -> dict:
+    """A team's wallet and cards, its quota and what it uses of it, and each member's spend this month
+    with their cap (the caps a team admin sets inside the team's quota)."""
+    from provisioner.services import quotas
+
+    account = team.account
+    funds = billing_selectors.account_funds(account=account)
+    members = []
+    for m in team.memberships.select_related("user").order_by("role", "user__username"):
+        limits = quotas.limits_for_member(user=m.user, account=account)
+        usage = quotas.usage_of_member(user=m.user, account=account)
+        members.append({"membership": m, "limits": limits, "usage": usage})
+    return {
+        "team_funds": funds,
+        "team_cards": billing_selectors.usable_cards(account=account).count(),
+        "team_limits": quotas.limits_for_account(account=account),
+        "team_usage": quotas.usage_of_account(account=account),
+        "member_rows": members,
+    }
+
+
+def team_member_cap_set(*, team, membership, member, max_eighths: str, spend_cap: str, actor) -> None:
+    """A team owner or admin caps one member inside the team's own quota. Empty means no own cap."""
+    from billing.errors import Forbidden, ValidationFailed
+    from billing.services.topups import amount_parse
+    from provisioner.services import quotas
+
+    if not membership.manages_team:
+        raise Forbidden(_("Only the team's owners and admins set caps."))
+    team_limits = quotas.limits_for_account(account=team.account)
+    limits: dict = {}
+    if max_eighths.strip():
+        try:
+            limits["max_eighths"] = int(max_eighths)
+        except ValueError:
+            raise ValidationFailed(_("The GPU cap is a whole number of eighths.")) from None
+        if limits["max_eighths"] < 0:
+            raise ValidationFailed(_("The GPU cap is a whole number of eighths."))
+        if team_limits.max_eighths is not None and limits["max_eighths"] > team_limits.max_eighths:
+            raise ValidationFailed(
+                _("A member's cap cannot exceed the team's (%(n)s/8).") % {"n": team_limits.max_eighths}
+            )
+    else:
+        limits["max_eighths"] = None
+    if spend_cap.strip():
+        limits["monthly_spend_cap_micros"] = amount_parse(amount=spend_cap)
+        team_cap = team_limits.monthly_spend_cap_micros
+        if team_cap is not None and limits["monthly_spend_cap_micros"] > team_cap:
+            raise ValidationFailed(_("A member's monthly cap cannot exceed the team's."))
+    else:
+        limits["monthly_spend_cap_micros"] = None
+    quotas.quota_set(
+        user=member, account=team.account, limits=limits, actor=actor, reason="team admin: member cap"
+    )

@@ -201,6 +201,19 @@ def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
                         team=team, actor=request.user, member=member, role=request.POST.get("role", "")
                     )
                     messages.success(request, _("Role changed."))
+            elif action == "cap":
+                from portal.session_pages import team_member_cap_set
+
+                member = User.objects.get(memberships__team=team, pk=request.POST.get("member"))
+                team_member_cap_set(
+                    team=team,
+                    membership=membership,
+                    member=member,
+                    max_eighths=request.POST.get("max_eighths", ""),
+                    spend_cap=request.POST.get("spend_cap", ""),
+                    actor=request.user,
+                )
+                messages.success(request, _("Cap set for %(name)s.") % {"name": member.username})
             elif action == "leave":
                 services.team_leave(team=team, user=request.user)
                 messages.success(request, _("You left %(name)s.") % {"name": team.name})
@@ -221,6 +234,9 @@ def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
         "roles": Membership.Role.choices,
         "join_base": request.build_absolute_uri(reverse("team_join")),
     }
+    from portal.session_pages import team_overview
+
+    context |= team_overview(team=team, membership=membership)
     return render(request, "portal/team_detail.html", context)
 
 

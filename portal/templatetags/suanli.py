@@ -29,6 +29,14 @@ def money(micros: int | None, places: int = 2) -> str:
 
 
 @register.filter
+def amount(micros: int | None) -> str:
+    """``12345678`` micros → ``12.35``: an amount for a form field, without the currency symbol."""
+    if micros is None:
+        return ""
+    return f"{(Decimal(int(micros)) / MICROS).quantize(Decimal('0.01'), rounding=ROUND_HALF_EVEN)}"
+
+
+@register.filter
 def card_hours(micros: int | None) -> str:
     """Card-hour micros → ``12.5 h`` (card hours of the reference GPU)."""
     if micros is None:

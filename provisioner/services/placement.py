@@ -116,11 +116,11 @@ def device_class(*, kind: str, sharing_policy: str, mig_profile: str, mig_mode: 
 
 
 class FreeIndex:
-    """Devices bucketed by (gpu model, class, used-slot mask). Insertion-ordered buckets make the pick
-    within a bucket deterministic (the first added, e.g. the lowest id)."""
+    """Devices bucketed by (gpu model, class) and then by used-slot mask. Insertion-ordered buckets make
+    the pick within a bucket deterministic (the first added, e.g. the lowest id)."""
 
     def __init__(self) -> None:
-        self._buckets: dict[tuple[str, str, int], dict[int, None]] = {}
+        self._pools: dict[tuple[str, str], dict[int, dict[int, None]]] = {}
         self._where: dict[int, tuple[str, str, int]] = {}
 
     def __len__(self) -> int:
@@ -129,11 +129,19 @@ class FreeIndex:
     def __contains__(self, device_id: int) -> bool:
         return device_id in self._where
 
+    @property
+    def _buckets(self) -> dict[tuple[str, str, int], dict[int, None]]:
+        """A flat view {(model, class, mask): devices}; prefer ``copy()`` and ``devices()``."""
+        return {
+            (*pool, mask): bucket for pool, buckets in self._pools.items() for mask, bucket in buckets.items()
+        }
+
     def copy(self) -> FreeIndex:
         """An independent index with the same devices, masks and in-bucket order."""
         other = type(self)()
-        for key, bucket in self._buckets.items():
-            other._buckets[key] = dict(bucket)
+        other._pools = {
+            pool: {m: dict(b) for m, b in buckets.items()} for pool, buckets in self._pools.items()
+        }
         other._where = dict(self._where)
         return other
 
@@ -143,16 +151,17 @@ class FreeIndex:
             yield device_id, model, cls, mask
 
     def add(self, device_id: int, *, gpu_model: str, device_class: str, mask: int) -> None:
-        key = (gpu_model, device_class, mask)
-        self._buckets.setdefault(key, {})[device_id] = None
-        self._where[device_id] = key
+        pool = self._pools.setdefault((gpu_model, device_class), {})
+        pool.setdefault(mask, {})[device_id] = None
+        self._where[device_id] = (gpu_model, device_class, mask)
 
     def remove(self, device_id: int) -> None:
-        key = self._where.pop(device_id)
-        bucket = self._buckets[key]
+        model, cls, mask = self._where.pop(device_id)
+        pool = self._pools[(model, cls)]
+        bucket = pool[mask]
         del bucket[device_id]
         if not bucket:
-            del self._buckets[key]
+            del pool[mask]
 
     def mask(self, device_id: int) -> int:
         return self._where[device_id][2]
@@ -174,34 +183,36 @@ class FreeIndex:
             choice.device_id, self.mask(choice.device_id) & ~block_mask(choice.slot_start, choice.slot_count)
         )
 
-    def _keys(self, request: Request, policy: str) -> Iterator[tuple[tuple[str, str, int], int, int]]:
+    def _candidates(self, request: Request, policy: str) -> Iterator[tuple[dict[int, None], int, int]]:
+        """(bucket of devices, block start, block size), best first; buckets may be empty."""
         model = request.gpu_model
         if request.kind == MIG:
-            yield (model, f"mig:{request.mig_profile}", 0), 0, SLOTS_PER_GPU
+            pools = [self._pools.get((model, f"mig:{request.mig_profile}"))]
         elif request.kind == WHOLE:
-            yield (model, EXCLUSIVE, 0), 0, SLOTS_PER_GPU
-            yield (model, SHARED, 0), 0, SLOTS_PER_GPU
+            pools = [self._pools.get((model, EXCLUSIVE)), self._pools.get((model, SHARED))]
         else:
-            count = request.eighths
-            for mask, start in MASK_ORDER[(count, policy)]:
-                yield (model, SHARED, mask), start, count
+            pool = self._pools.get((model, SHARED))
+            if pool:
+                count = request.eighths
+                for mask, start in MASK_ORDER[(count, policy)]:
+                    bucket = pool.get(mask)
+                    if bucket:
+                        yield bucket, start, count
+            return
+        for pool in pools:
+            if pool and (bucket := pool.get(0)):
+                yield bucket, 0, SLOTS_PER_GPU
 
     def choices(self, request: Request, policy: str = BINPACK) -> Iterator[Choice]:
         """Every fitting (device, block), best first: one block per device."""
-        buckets = self._buckets
-        for key, start, count in self._keys(request, policy):
-            bucket = buckets.get(key)
-            if bucket:
-                for device_id in bucket:
-                    yield Choice(device_id, start, count)
+        for bucket, start, count in self._candidates(request, policy):
+            for device_id in bucket:
+                yield Choice(device_id, start, count)
 
     def choose(self, request: Request, policy: str = BINPACK) -> Choice | None:
         """The best fitting (device, block), or None when nothing fits. Pure; changes nothing."""
-        buckets = self._buckets
-        for key, start, count in self._keys(request, policy):
-            bucket = buckets.get(key)
-            if bucket:
-                return Choice(next(iter(bucket)), start, count)
+        for bucket, start, count in self._candidates(request, policy):
+            return Choice(next(iter(bucket)), start, count)
         return None
 
 

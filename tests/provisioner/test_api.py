@@ -545,3 +545,105 @@ def test_the_openapi_schema_documents_the_provisioner(client):
     launch_op = schema["paths"]["/api/v1/sessions"]["post"]
     assert {"201", "200"} <= set(launch_op["responses"])
     assert any(p["name"] == "Idempotency-Key" for p in launch_op["parameters"])
+
+
+# --- the admin site, the node command and the demo seed ----------------------------------------------
+
+
+def test_every_provisioner_admin_page_renders(fleet, sent_tasks, client):
+    from django.urls import reverse
+
+    launch(client_for(make_user())).json()
+    staff = make_user(staff=True)
+    client.force_login(staff)
+    for model in (
+        "gpumodel",
+        "profile",
+        "environment",
+        "node",
+        "device",
+        "devicesample",
+        "session",
+        "allocation",
+        "quota",
+    ):
+        response = client.get(reverse(f"admin:provisioner_{model}_changelist"))
+        assert response.status_code == 200, model
+    device = Node.objects.get(name="node-a").devices.first()
+    assert client.get(reverse("admin:provisioner_device_change", args=[device.id])).status_code == 200
+    session = Session.objects.get()
+    assert client.get(reverse("admin:provisioner_session_change", args=[session.id])).status_code == 200
+    assert (
+        unseal(session.jupyter_token_sealed)
+        not in client.get(reverse("admin:provisioner_session_change", args=[session.id])).content.decode()
+    )
+
+
+def test_admin_actions_go_through_the_services(fleet, sent_tasks, client):
+    from django.urls import reverse
+
+    sid = launch(client_for(make_user())).json()["id"]
+    client.force_login(make_user(staff=True))
+    node = Node.objects.get(name="node-a")
+    url = reverse("admin:provisioner_node_changelist")
+    client.post(url, {"action": "node_cordon", "_selected_action": [node.id]})
+    assert Node.objects.get(id=node.id).state == "cordoned"
+    assert AuditEntry.objects.filter(action="node.cordon").exists()
+    client.post(
+        reverse("admin:provisioner_session_changelist"), {"action": "force_stop", "_selected_action": [sid]}
+    )
+    assert Session.objects.get(id=sid).state == "stopping"
+    free = node.devices.get(uuid="GPU-a-1")
+    response = client.post(
+        reverse("admin:provisioner_device_change", args=[free.id]), {"sharing_policy": "equal-share"}
+    )
+    assert response.status_code == 302
+    assert node.devices.get(id=free.id).sharing_policy == "equal-share"
+    assert AuditEntry.objects.filter(action="device.sharing_policy", target_id=str(free.id)).exists()
+    user = make_user()
+    response = client.post(
+        reverse("admin:provisioner_quota_add"),
+        {"user": user.id, "max_sessions": "2", "allowed_gpu_models": "null", "allowed_profiles": "null"},
+    )
+    assert response.status_code == 302, response.content.decode()[:2000]
+    assert Quota.objects.get(user=user).max_sessions == 2
+    assert AuditEntry.objects.filter(action="quota.set").exists()
+
+
+def test_the_node_command_enrols_and_writes_a_private_token_file(db, tmp_path):
+    from django.core.management import call_command
+
+    from provisioner.services.nodes import node_by_token
+
+    path = tmp_path / "agents" / "node-x" / "token"
+    call_command("node", "add", "node-x", "--address", "http://127.0.0.1:8799", "--token-file", str(path))
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert node_by_token(token=path.read_text().strip()).name == "node-x"
+    from io import StringIO
+
+    out = StringIO()
+    call_command("node", "list", stdout=out)
+    assert "node-x" in out.getvalue() and "never" in out.getvalue()
+
+
+def test_the_demo_seed_is_idempotent_and_keeps_tokens(db, tmp_path):
+    from billing.models import Price
+    from provisioner.demo import seed
+    from provisioner.models import Environment, GpuModel
+    from provisioner.services.nodes import node_by_token
+
+    first = seed(data_dir=tmp_path)
+    token_a = (tmp_path / "agents" / "node-a" / "token").read_text().strip()
+    assert node_by_token(token=token_a).name == "node-a"
+    assert first["nodes"]["node-a"]["token"] == "enrolled"
+    prices = Price.objects.count()
+    second = seed(data_dir=tmp_path)
+    assert second["nodes"]["node-a"]["token"] == "kept"
+    assert (tmp_path / "agents" / "node-a" / "token").read_text().strip() == token_a
+    assert Price.objects.count() == prices and second["prices"] == []
+    (tmp_path / "agents" / "node-b" / "token").unlink()
+    assert seed(data_dir=tmp_path)["nodes"]["node-b"]["token"] == "written"
+    token_b = (tmp_path / "agents" / "node-b" / "token").read_text().strip()
+    assert node_by_token(token=token_b).name == "node-b"
+    assert set(GpuModel.objects.values_list("name", flat=True)) == {A100, "T4", "H200"}
+    assert Environment.objects.get().python

@@ -1,0 +1,66 @@
+"""A team's page shows its wallet, cards, quota and each member's spend; owners and admins cap members
+inside the team's quota, members cannot."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+
+from billing.services.topups import wallet_credit_promotion
+from portal.models import Membership
+from portal.services import team_create, user_create
+from provisioner.models import Quota
+from provisioner.services.quotas import quota_set
+
+pytestmark = pytest.mark.django_db
+
+
+def _login(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def team():
+    lead = user_create(username="lead", email="lead@example.com", password="pw-123456789")
+    student = user_create(username="stu", email="stu@example.com", password="pw-123456789")
+    team = team_create(creator=lead, name="Course 101")
+    Membership.objects.create(team=team, user=student, role=Membership.Role.MEMBER)
+    wallet_credit_promotion(account=team.account, amount_micros=50_000_000, idempotency_key="team-fund")
+    quota_set(account=team.account, limits={"max_eighths": 8, "monthly_spend_cap_micros": 100_000_000})
+    return team, lead, student
+
+
+def test_the_team_page_shows_wallet_quota_and_members(team):
+    team, lead, _student = team
+    page = _login(lead).get(f"/teams/{team.slug}/").content.decode()
+    assert "¥50.00" in page and 'data-testid="member-spend"' in page
+    assert "of 8/8 allowed" in page and "stu" in page
+
+
+def test_an_admin_caps_a_member_inside_the_team_quota(team):
+    team, lead, student = team
+    client = _login(lead)
+    client.post(
+        f"/teams/{team.slug}/", {"action": "cap", "member": student.pk, "max_eighths": "2", "spend_cap": "10"}
+    )
+    quota = Quota.objects.get(user=student, account=team.account)
+    assert quota.max_eighths == 2 and quota.monthly_spend_cap_micros == 10_000_000
+
+    response = client.post(
+        f"/teams/{team.slug}/", {"action": "cap", "member": student.pk, "max_eighths": "16", "spend_cap": ""},
+        follow=True,
+    )  # fmt: skip
+    assert "cannot exceed the team" in response.content.decode()
+    quota.refresh_from_db()
+    assert quota.max_eighths == 2
+
+
+def test_a_member_cannot_set_caps(team):
+    team, lead, student = team
+    response = _login(student).post(
+        f"/teams/{team.slug}/", {"action": "cap", "member": lead.pk, "max_eighths": "1"}, follow=True
+    )
+    assert "Only the team" in response.content.decode()
+    assert not Quota.objects.filter(user=lead, account=team.account).exists()

@@ -1,0 +1,260 @@
+"""End to end: the portal under uvicorn, a real Celery worker, and two real node agents on fake fleets
+(node-a: A100s and T4s; node-b: H200s, one in MIG) heartbeating to it. A session is launched through
+the API, reached through the portal's Jupyter proxy, and stopped; an agent killed with SIGKILL loses
+its sessions within the liveness window, billed no further, and cleans its orphans when it returns."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from django.test import Client
+
+from billing.models import Meter
+from billing.services.metering import metering_tick
+from conftest import subprocess_env
+from portal.services import access_token_create
+from provisioner.models import Allocation, Device, Node, Session
+from provisioner.services.heartbeats import nodes_liveness_sweep
+from provisioner.services.nodes import node_enroll
+from tests.agents.conftest import REPO, free_port, process_tree, processes_mentioning, wait_for
+from tests.provisioner.conftest import A100, ENV, make_catalog, make_user
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+FLEETS = REPO / "agents" / "fleets"
+
+
+@dataclass
+class Portal:
+    url: str
+    process: subprocess.Popen
+    log: Path
+
+
+@pytest.fixture
+def portal(transactional_db, tmp_path, celery_worker_process):
+    """uvicorn serving portal.asgi:application on the test database, telling agents to beat every second."""
+    port = free_port()
+    log = tmp_path / "uvicorn.log"
+    env = subprocess_env(AGENT_HEARTBEAT_INTERVAL_SECONDS="1")
+    command = [sys.executable, "-m", "uvicorn", "portal.asgi:application", "--host", "127.0.0.1",
+               "--port", str(port), "--no-access-log"]  # fmt: skip
+    with open(log, "wb") as out:
+        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+
+    def up():
+        if process.poll() is not None:
+            raise AssertionError(f"uvicorn exited:\n{log.read_text()[-3000:]}")
+        with contextlib.suppress(httpx.HTTPError):
+            return httpx.get(f"{url}/healthz", timeout=2).status_code in (200, 503)
+        return False
+
+    wait_for(up, 30, 0.2, "uvicorn")
+    make_catalog()
+    yield Portal(url, process, log)
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
+class Agents:
+    """Starts agents for enrolled nodes; kills them and every workload they started afterwards."""
+
+    def __init__(self, tmp_path: Path, portal: Portal):
+        self.tmp_path = tmp_path
+        self.portal = portal
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.ports: dict[str, int] = {}
+        self.tokens: dict[str, str] = {}
+
+    def state_dir(self, name: str) -> Path:
+        return self.tmp_path / "agents" / name
+
+    def enroll_and_start(self, name: str) -> Node:
+        port = free_port()
+        enrolment = node_enroll(name=name, address=f"http://127.0.0.1:{port}")
+        self.ports[name], self.tokens[name] = port, enrolment.token
+        token_file = self.tmp_path / f"{name}.token"
+        token_file.write_text(enrolment.token + "\n")
+        token_file.chmod(0o600)
+        self.start(name)
+        return enrolment.node
+
+    def start(self, name: str) -> None:
+        command = [sys.executable, "-m", "agents", "--listen", f"127.0.0.1:{self.ports[name]}",
+                   "--token-file", str(self.tmp_path / f"{name}.token"), "--portal", self.portal.url,
+                   "--runtime", "process", "--state-dir", str(self.state_dir(name)),
+                   "--fleet", str(FLEETS / f"{name}.yaml"), "--heartbeat-seconds", "1"]  # fmt: skip
+        log = open(self.tmp_path / f"agent-{name}-{time.monotonic_ns()}.log", "wb")  # noqa: SIM115
+        self.procs[name] = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        wait_for(lambda: self._up(name), 20, 0.1, f"agent {name}")
+
+    def _up(self, name: str) -> bool:
+        if self.procs[name].poll() is not None:
+            raise AssertionError(f"agent {name} exited")
+        try:
+            with self.client(name) as client:
+                return client.get("/v1/health").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def client(self, name: str) -> httpx.Client:
+        return httpx.Client(
+            base_url=f"http://127.0.0.1:{self.ports[name]}",
+            headers={"Authorization": f"Bearer {self.tokens[name]}"},
+            timeout=10,
+        )
+
+    def workloads(self, name: str) -> list[dict]:
+        with self.client(name) as client:
+            return client.get("/v1/workloads").json()["workloads"]
+
+    def kill(self, name: str) -> None:
+        self.procs[name].send_signal(signal.SIGKILL)
+        self.procs[name].wait(10)
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+        for name in self.procs:  # workloads outlive their agent by design: end ours
+            for pid in processes_mentioning(str(self.state_dir(name))):
+                for child in process_tree(pid):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(child, signal.SIGKILL)
+
+
+@pytest.fixture
+def agents(portal, tmp_path):
+    started = Agents(tmp_path, portal)
+    yield started
+    started.close()
+
+
+@pytest.fixture
+def fleet(agents):
+    """node-a and node-b enrolled, their agents running and their GPUs reported."""
+    nodes = {name: agents.enroll_and_start(name) for name in ("node-a", "node-b")}
+    wait_for(lambda: Device.objects.filter(node=nodes["node-a"]).count() == 6, 20, 0.2, "node-a's GPUs")
+    wait_for(lambda: Device.objects.filter(node=nodes["node-b"]).count() == 2 + 7, 20, 0.2, "node-b's GPUs")
+    return nodes
+
+
+def api_for(portal: Portal, user) -> httpx.Client:
+    _token, raw = access_token_create(user=user, name="e2e", scopes=["read", "sessions"])
+    return httpx.Client(base_url=portal.url, headers={"Authorization": f"Bearer {raw}"}, timeout=30)
+
+
+def wait_state(api: httpx.Client, session_id: str, states: tuple[str, ...], timeout: float = 60) -> dict:
+    def reached():
+        body = api.get(f"/api/v1/sessions/{session_id}").json()
+        return body if body["state"] in states else None
+
+    try:
+        return wait_for(reached, timeout, 0.3, f"{session_id} to reach {states}")
+    except AssertionError:
+        events = api.get(f"/api/v1/sessions/{session_id}/events").json()
+        raise AssertionError(f"{api.get(f'/api/v1/sessions/{session_id}').json()}\n{events}")
+
+
+def launch(api: httpx.Client, **fields) -> dict:
+    body = {"gpu_model": A100, "profile": "whole", "environment": ENV, "max_hours": 1, **fields}
+    response = api.post("/api/v1/sessions", json=body)
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def test_launch_reach_jupyter_through_the_portal_and_stop(portal, agents, fleet):
+    user = make_user()
+    api = api_for(portal, user)
+    on_a = launch(api)
+    on_b = launch(api, gpu_model="H200", profile="1g.18gb")
+    assert (on_a["node"], on_b["node"]) == ("node-a", "node-b")
+    running = wait_state(api, on_a["id"], ("running", "failed"))
+    assert running["state"] == "running", running
+    assert running["jupyter_url"] == f"/jupyter/{on_a['id']}/lab"
+    assert wait_state(api, on_b["id"], ("running", "failed"))["state"] == "running"
+
+    browser = Client()
+    browser.force_login(user)
+    cookies = {"sessionid": browser.cookies["sessionid"].value}
+    with httpx.Client(base_url=portal.url, cookies=cookies, timeout=30) as web:
+        status = web.get(f"/jupyter/{on_a['id']}/api/status")
+        assert status.status_code == 200, status.text
+        assert "started" in status.json()
+        lab = web.get(running["jupyter_url"])
+        assert lab.status_code == 200 and "jupyter-config-data" in lab.text
+    stranger = Client()
+    stranger.force_login(make_user())
+    with httpx.Client(base_url=portal.url, cookies={"sessionid": stranger.cookies["sessionid"].value}) as web:
+        assert web.get(f"/jupyter/{on_a['id']}/api/status").status_code == 404
+
+    stopped = api.post(f"/api/v1/sessions/{on_a['id']}/stop")
+    assert stopped.status_code == 200 and stopped.json()["state"] in ("stopping", "stopped")
+    assert wait_state(api, on_a["id"], ("stopped",), 30)["jupyter_url"] is None
+    wait_for(lambda: agents.workloads("node-a") == [], 20, 0.3, "node-a's workload gone")
+    wait_for(lambda: not Allocation.objects.filter(session_id=on_a["id"]).exists(), 10, 0.2, "slots freed")
+    assert Meter.objects.get(session_ref=on_a["id"]).state == "closed"
+    assert [w["session_id"] for w in agents.workloads("node-b")] == [on_b["id"]]
+
+
+def test_a_killed_agent_loses_its_sessions_and_cleans_orphans_when_it_returns(
+    portal, agents, fleet, settings
+):
+    settings.NODE_LIVENESS_SECONDS = 4
+    api = api_for(portal, make_user())
+    doomed = launch(api)
+    survivor = launch(api, gpu_model="H200")
+    for session in (doomed, survivor):
+        assert wait_state(api, session["id"], ("running", "failed"))["state"] == "running"
+    assert [w["state"] for w in agents.workloads("node-a")] == ["running"]
+
+    agents.kill("node-a")
+    killed_at = time.monotonic()
+
+    def lost():
+        nodes_liveness_sweep()
+        return Session.objects.get(id=doomed["id"]).state == "lost"
+
+    wait_for(lost, 15, 0.25, "the session on the killed node to be lost")
+    assert time.monotonic() - killed_at <= settings.NODE_LIVENESS_SECONDS + 4
+    node_a = Node.objects.get(name="node-a")
+    assert node_a.state == "down"
+    session = Session.objects.get(id=doomed["id"])
+    assert "stopped answering" in session.reason
+    meter = Meter.objects.get(session_ref=doomed["id"])
+    assert meter.state == "closed"
+    assert meter.billed_until <= session.last_alive_at <= node_a.last_heartbeat_at
+    billed = meter.billed_seconds
+    time.sleep(1.5)
+    metering_tick()
+    assert Meter.objects.get(id=meter.id).billed_seconds == billed  # billed no further
+    assert Allocation.objects.filter(session_id=doomed["id"]).exists()  # until the agent confirms it gone
+    assert Session.objects.get(id=survivor["id"]).state == "running"  # node-b kept beating
+
+    agents.start("node-a")  # same state dir: it adopts the workload, the portal does not want it
+    wait_for(lambda: agents.workloads("node-a") == [], 30, 0.3, "the orphan cleaned on node-a")
+    wait_for(
+        lambda: not Allocation.objects.filter(session_id=doomed["id"]).exists(),
+        15,
+        0.3,
+        "the lost slots freed",
+    )
+    assert Node.objects.get(name="node-a").state == "active"
+    assert Session.objects.get(id=doomed["id"]).state == "lost"
+    assert [w["session_id"] for w in agents.workloads("node-b")] == [survivor["id"]]
