@@ -269,8 +269,15 @@ def database(*, launches: int, seed: int) -> None:
     from provisioner.models import Device, Session
     from provisioner.services import sessions
     from provisioner.services.sessions import session_end
-    from tests.provisioner.factories import A100, catalog_make, fleet_make, gpu_make, mig_make, node_make
-    from tests.provisioner.factories import user_make
+    from tests.provisioner.factories import (
+        A100,
+        catalog_make,
+        fleet_make,
+        gpu_make,
+        mig_make,
+        node_make,
+        user_make,
+    )
 
     sessions._queue_start = lambda session_id: None
     sessions._queue_dispatch = lambda: None

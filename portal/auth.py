@@ -1,4 +1,5 @@
-"""API authentication with personal access tokens, and the scopes a token needs per endpoint."""
+"""API authentication with personal access tokens, the scopes a token needs per endpoint, and the rate
+limits of the API (per token, and on launching sessions)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,18 @@ import secrets
 from datetime import timedelta
 
 from django.utils import timezone
-from rest_framework import authentication, exceptions, permissions
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from rest_framework import authentication, exceptions, permissions, throttling
+from rest_framework.settings import api_settings
 
 from portal.models import AccessToken
 
 TOKEN_PREFIX = "sl_"
 LAST_USED_RESOLUTION = timedelta(minutes=1)
 
-# The scope a token needs, by API path prefix; reads need "read" or the area's own scope.
+# The scope a token needs, by API path prefix; reads need "read" or the area's own scope. Paths not
+# listed (the staff endpoints, and views without a ``token_scope``) take read-only tokens for reads and
+# no token at all for writes: a leaked token never enrols a node or changes a quota.
 SCOPE_BY_PREFIX = (
     ("/api/v1/sessions", "sessions"),
     ("/api/v1/catalog", "sessions"),
@@ -41,9 +46,10 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
     def authenticate(self, request):
         header = authentication.get_authorization_header(request).decode("latin-1")
         kind, _, raw = header.partition(" ")
+        raw = raw.strip()
         if kind.lower() != self.keyword or not raw.startswith(TOKEN_PREFIX):
             return None
-        token = AccessToken.objects.select_related("user").filter(token_hash=token_hash(raw.strip())).first()
+        token = AccessToken.objects.select_related("user").filter(token_hash=token_hash(raw)).first()
         if token is None or not token.active or not token.user.is_active:
             raise exceptions.AuthenticationFailed("The token is unknown, expired or revoked.")
         now = timezone.now()
@@ -55,11 +61,32 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
         return 'Bearer realm="api"'
 
 
+class BearerTokenScheme(OpenApiAuthenticationExtension):
+    """Names the token scheme in the OpenAPI document (drf-spectacular finds it by subclassing)."""
+
+    target_class = BearerTokenAuthentication
+    name = "tokenAuth"
+
+    def get_security_definition(self, auto_schema) -> dict:
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "A personal access token (`sl_…`): the profile page or `manage.py create_token`.",
+        }
+
+
 def required_scope(path: str) -> str | None:
     for prefix, scope in SCOPE_BY_PREFIX:
         if path.startswith(prefix):
             return scope
     return None
+
+
+def token_may(token: AccessToken, *, scope: str | None, method: str) -> bool:
+    """Whether ``token`` may make a ``method`` call to an endpoint that needs ``scope``."""
+    if method in permissions.SAFE_METHODS and "read" in token.scopes:
+        return True
+    return scope is not None and scope in token.scopes
 
 
 class TokenScopePermission(permissions.BasePermission):
@@ -73,8 +100,37 @@ class TokenScopePermission(permissions.BasePermission):
         if not isinstance(token, AccessToken):
             return True
         scope = getattr(view, "token_scope", None) or required_scope(request.path)
-        if scope is None:
-            return "read" in token.scopes and request.method in permissions.SAFE_METHODS
-        if request.method in permissions.SAFE_METHODS and "read" in token.scopes:
-            return True
-        return scope in token.scopes
+        return token_may(token, scope=scope, method=request.method)
+
+
+class _SettingsRateThrottle(throttling.SimpleRateThrottle):
+    """Reads its rate when asked, not at import, so a changed REST_FRAMEWORK setting takes effect."""
+
+    def get_rate(self) -> str | None:
+        return api_settings.DEFAULT_THROTTLE_RATES.get(self.scope)
+
+
+class TokenRateThrottle(_SettingsRateThrottle):
+    """Calls made with one personal access token (rate ``token``), whoever's browser session is open."""
+
+    scope = "token"
+
+    def get_cache_key(self, request, view) -> str | None:
+        if not isinstance(request.auth, AccessToken):
+            return None
+        return self.cache_format % {"scope": self.scope, "ident": request.auth.pk}
+
+
+class LaunchRateThrottle(_SettingsRateThrottle):
+    """Session launches per user (rate ``launch``), on top of the quota: a runaway script cannot flood
+    the queue with launches that the quota then refuses one by one."""
+
+    scope = "launch"
+    launch_path = "/api/v1/sessions"
+
+    def get_cache_key(self, request, view) -> str | None:
+        if request.method != "POST" or request.path.rstrip("/") != self.launch_path:
+            return None
+        if not request.user or not request.user.is_authenticated:
+            return None
+        return self.cache_format % {"scope": self.scope, "ident": request.user.pk}

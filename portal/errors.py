@@ -10,6 +10,34 @@ from rest_framework.views import exception_handler
 
 from billing.errors import ApplicationError
 
+# The errors any API call can answer, documented once for every operation (drf-spectacular hook below)
+# rather than on each view: what the exception handler makes of bad input, a missing or scoped-out
+# token, another tenant's object and a throttle.
+ERROR_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "error": {
+            "type": "object",
+            "properties": {
+                "code": {"type": "string"},
+                "message": {"type": "string"},
+                "fields": {"type": "object", "additionalProperties": {"type": "string"}},
+            },
+            "required": ["code", "message", "fields"],
+        }
+    },
+    "required": ["error"],
+}
+ERRORS_OF_EVERY_CALL = {
+    "400": "Invalid input",
+    "401": "No credentials, or a token that is unknown, expired or revoked",
+    "403": "Not allowed: a token without the scope, or a staff-only endpoint",
+    "404": "No such object (also another tenant's)",
+    "429": "Rate limited",
+}
+ERRORS_OF_WRITES = {"402": "Not enough funds", "409": "Conflicts with the object's state"}
+ERRORS_OF_AGENTS = {"400": "Invalid heartbeat", "401": "Unknown node token"}
+
 
 def _flatten(detail, prefix: str = "") -> dict[str, str]:
     if isinstance(detail, dict):
@@ -47,3 +75,24 @@ def api_exception_handler(exc, context):
         body = {"error": {"code": code, "message": str(detail), "fields": {}}}
     response.data = body
     return response
+
+
+def schema_add_error_responses(result: dict, generator, request, public) -> dict:
+    """drf-spectacular postprocessing hook: every API operation documents the standard error body for
+    the errors it can answer (an operation's own annotation for a code wins)."""
+    result.setdefault("components", {}).setdefault("schemas", {})["Error"] = ERROR_SCHEMA
+    ref = {"$ref": "#/components/schemas/Error"}
+    for path, operations in result.get("paths", {}).items():
+        for method, operation in operations.items():
+            if path.startswith("/api/agent/"):
+                errors = ERRORS_OF_AGENTS
+            elif method in ("get", "head", "options"):
+                errors = ERRORS_OF_EVERY_CALL
+            else:
+                errors = ERRORS_OF_EVERY_CALL | ERRORS_OF_WRITES
+            responses = operation.setdefault("responses", {})
+            for status, description in errors.items():
+                responses.setdefault(
+                    status, {"description": description, "content": {"application/json": {"schema": ref}}}
+                )
+    return result

@@ -262,8 +262,17 @@ REST_FRAMEWORK = {
         "rest_framework.permissions.IsAuthenticated",
         "portal.auth.TokenScopePermission",
     ],
-    "DEFAULT_THROTTLE_CLASSES": ["rest_framework.throttling.UserRateThrottle"],
-    "DEFAULT_THROTTLE_RATES": {"user": env("API_RATE_PER_USER", "1200/min"), "anon": "60/min"},
+    "DEFAULT_THROTTLE_CLASSES": [
+        "rest_framework.throttling.UserRateThrottle",
+        "portal.auth.TokenRateThrottle",
+        "portal.auth.LaunchRateThrottle",
+    ],
+    "DEFAULT_THROTTLE_RATES": {
+        "user": env("API_RATE_PER_USER", "1200/min"),
+        "anon": "60/min",
+        "token": env("API_RATE_PER_TOKEN", "600/min"),
+        "launch": env("API_LAUNCH_RATE_PER_USER", "30/min"),
+    },
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "portal.errors.api_exception_handler",
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
@@ -278,6 +287,10 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "portal.errors.schema_add_error_responses",
+    ],
 }
 
 SESSION_COOKIE_HTTPONLY = True

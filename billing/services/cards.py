@@ -12,6 +12,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.core.cache import cache
 from django.db import transaction
 from django.utils import timezone
@@ -188,7 +189,7 @@ def _redeem_code(*, user, account: Account, data: str, now: datetime) -> Card:
             raise Conflict("That code has already been redeemed.", code="code_used")
         if card.batch.one_per_user and card.parent_id is None:
             # two codes of one batch redeemed by one user at once: the user row serialises them
-            type(user).objects.select_for_update(no_key=True).filter(pk=user.pk).first()
+            get_user_model().objects.select_for_update(no_key=True).filter(pk=user.pk).first()
         if (
             card.batch.one_per_user
             and card.parent_id is None
@@ -477,7 +478,7 @@ def card_daily_grant(*, user, account: Account, now: datetime | None = None) -> 
     end_of_day = local.replace(hour=0, minute=0, second=0, microsecond=0) + timedelta(days=1)
     with transaction.atomic():
         # one grant per user and day, also when two requests race: lock the user row first
-        type(user).objects.select_for_update(no_key=True).filter(pk=user.pk).first()
+        get_user_model().objects.select_for_update(no_key=True).filter(pk=user.pk).first()
         existing = Card.objects.filter(batch__label=label, redeemed_by=user).first()
         if existing:
             return existing

@@ -116,12 +116,18 @@ def device_class(*, kind: str, sharing_policy: str, mig_profile: str, mig_mode: 
 
 
 class FreeIndex:
-    """Devices bucketed by (gpu model, class) and then by used-slot mask. Insertion-ordered buckets make
-    the pick within a bucket deterministic (the first added, e.g. the lowest id)."""
+    """Devices bucketed by (gpu model, class) and then by used-slot mask.
+
+    A bucket is a list with O(1) removal (the last one swaps into the hole), and the pick within a
+    bucket is its last device: deterministic, and a device that just changed state is reused first, so
+    the others stay as they are. (An insertion-ordered dict would pick the oldest, but taking from the
+    front of a dict again and again makes each look-up skip the holes left by the earlier ones.)
+    """
 
     def __init__(self) -> None:
-        self._pools: dict[tuple[str, str], dict[int, dict[int, None]]] = {}
+        self._pools: dict[tuple[str, str], dict[int, list[int]]] = {}
         self._where: dict[int, tuple[str, str, int]] = {}
+        self._position: dict[int, int] = {}
 
     def __len__(self) -> int:
         return len(self._where)
@@ -130,19 +136,20 @@ class FreeIndex:
         return device_id in self._where
 
     @property
-    def _buckets(self) -> dict[tuple[str, str, int], dict[int, None]]:
+    def _buckets(self) -> dict[tuple[str, str, int], list[int]]:
         """A flat view {(model, class, mask): devices}; prefer ``copy()`` and ``devices()``."""
         return {
             (*pool, mask): bucket for pool, buckets in self._pools.items() for mask, bucket in buckets.items()
         }
 
     def copy(self) -> FreeIndex:
-        """An independent index with the same devices, masks and in-bucket order."""
+        """An independent index with the same devices, masks and picks."""
         other = type(self)()
         other._pools = {
-            pool: {m: dict(b) for m, b in buckets.items()} for pool, buckets in self._pools.items()
+            pool: {m: list(b) for m, b in buckets.items()} for pool, buckets in self._pools.items()
         }
         other._where = dict(self._where)
+        other._position = dict(self._position)
         return other
 
     def devices(self) -> Iterator[tuple[int, str, str, int]]:
@@ -151,15 +158,22 @@ class FreeIndex:
             yield device_id, model, cls, mask
 
     def add(self, device_id: int, *, gpu_model: str, device_class: str, mask: int) -> None:
-        pool = self._pools.setdefault((gpu_model, device_class), {})
-        pool.setdefault(mask, {})[device_id] = None
+        if device_id in self._where:
+            raise ValueError(f"device {device_id} is already indexed")
+        bucket = self._pools.setdefault((gpu_model, device_class), {}).setdefault(mask, [])
+        self._position[device_id] = len(bucket)
+        bucket.append(device_id)
         self._where[device_id] = (gpu_model, device_class, mask)
 
     def remove(self, device_id: int) -> None:
         model, cls, mask = self._where.pop(device_id)
         pool = self._pools[(model, cls)]
         bucket = pool[mask]
-        del bucket[device_id]
+        hole = self._position.pop(device_id)
+        last = bucket.pop()
+        if last != device_id:
+            bucket[hole] = last
+            self._position[last] = hole
         if not bucket:
             del pool[mask]
 
@@ -183,7 +197,7 @@ class FreeIndex:
             choice.device_id, self.mask(choice.device_id) & ~block_mask(choice.slot_start, choice.slot_count)
         )
 
-    def _candidates(self, request: Request, policy: str) -> Iterator[tuple[dict[int, None], int, int]]:
+    def _candidates(self, request: Request, policy: str) -> Iterator[tuple[list[int], int, int]]:
         """(bucket of devices, block start, block size), best first; buckets may be empty."""
         model = request.gpu_model
         if request.kind == MIG:
@@ -206,13 +220,13 @@ class FreeIndex:
     def choices(self, request: Request, policy: str = BINPACK) -> Iterator[Choice]:
         """Every fitting (device, block), best first: one block per device."""
         for bucket, start, count in self._candidates(request, policy):
-            for device_id in bucket:
+            for device_id in reversed(bucket):
                 yield Choice(device_id, start, count)
 
     def choose(self, request: Request, policy: str = BINPACK) -> Choice | None:
         """The best fitting (device, block), or None when nothing fits. Pure; changes nothing."""
         for bucket, start, count in self._candidates(request, policy):
-            return Choice(next(iter(bucket)), start, count)
+            return Choice(bucket[-1], start, count)
         return None
 
 

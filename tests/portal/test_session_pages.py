@@ -93,3 +93,29 @@ def test_operations_is_for_staff_and_shows_slots_and_q(fleet):
 def test_the_landing_page_lists_prices_for_anyone(fleet):
     page = Client().get("/").content.decode()
     assert 'data-testid="prices"' in page and "T4" in page and "2.00" in page
+
+
+def test_a_launch_form_posted_twice_makes_one_session(fleet, django_capture_on_commit_callbacks):
+    user, client = _user("ada", funded=4_000_000)
+    form = {"gpu_model": "T4", "profile": "1/2", "environment": "python-3.11", "idempotency_key": "same"}
+    with django_capture_on_commit_callbacks(execute=False):
+        first = client.post("/launch/", form)
+        second = client.post("/launch/", form)
+    assert first["Location"] == second["Location"]
+    assert Session.objects.filter(owner=user).count() == 1
+
+
+def test_a_stale_page_of_a_stopped_session_says_so_and_stop_again_is_harmless(
+    fleet, django_capture_on_commit_callbacks
+):
+    user, client = _user("ada", funded=4_000_000)
+    with django_capture_on_commit_callbacks(execute=False):
+        client.post("/launch/", {"gpu_model": "T4", "profile": "whole", "environment": "python-3.11"})
+        session = Session.objects.get(owner=user)
+        client.post(f"/sessions/{session.id}/stop")
+        again = client.post(f"/sessions/{session.id}/stop", follow=True)
+    assert again.status_code == 200
+    session.refresh_from_db()
+    assert session.state in (Session.State.STOPPING, Session.State.STOPPED)
+    page = client.get(f"/sessions/{session.id}/").content.decode()
+    assert "Open JupyterLab" not in page and "data-live-url" not in page or session.state == "stopping"

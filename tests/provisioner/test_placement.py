@@ -93,14 +93,28 @@ def test_binpack_prefers_the_fuller_gpu_among_equal_holes():
 def test_binpack_keeps_free_cards_whole_while_a_used_gpu_has_room():
     index = _index((1, SHARED, 0), (2, SHARED, 0b0000_0001), (3, SHARED, 0))
     assert index.choose(_slice(4), BINPACK) == Choice(2, 4, 4)
-    assert index.choose(Request(M, "whole"), BINPACK) == Choice(1, 0, 8)
+    assert index.choose(Request(M, "whole"), BINPACK).device_id in (1, 3)
 
 
 def test_spread_takes_the_emptiest_gpu():
     index = _index((1, SHARED, 0b0000_0001), (2, SHARED, 0b0000_0011), (3, SHARED, 0))
     assert index.choose(_slice(1), SPREAD) == Choice(3, 0, 1)
     index.occupy(Choice(3, 0, 1))
-    assert index.choose(_slice(1), SPREAD) == Choice(1, 1, 1)  # lowest id among the least used
+    assert index.choose(_slice(1), SPREAD) in (Choice(1, 1, 1), Choice(3, 1, 1))
+    index.occupy(index.choose(_slice(1), SPREAD))
+    assert index.choose(_slice(1), SPREAD).slot_start == 1  # the other of the two least used
+
+
+def test_the_pick_within_a_bucket_is_the_last_device_to_arrive_there():
+    index = _index((1, SHARED, 0), (2, SHARED, 0), (3, SHARED, 0))
+    assert index.choose(Request(M, "whole")) == Choice(3, 0, 8)
+    assert [c.device_id for c in index.choices(Request(M, "whole"))] == [3, 2, 1]
+    index.remove(3)
+    index.add(3, gpu_model=M, device_class=SHARED, mask=0)
+    index.remove(1)  # from the middle of a bucket: the last one moves into its place
+    assert sorted(c.device_id for c in index.choices(Request(M, "whole"))) == [2, 3]
+    with pytest.raises(ValueError):
+        index.add(2, gpu_model=M, device_class=SHARED, mask=0)
 
 
 def test_whole_takes_only_a_fully_free_gpu_exclusive_first():
@@ -283,19 +297,19 @@ def test_only_healthy_devices_on_active_nodes_are_used(a100):
 
 def test_whole_cards_only_on_fully_free_gpus(a100):
     node = node_make()
-    used = gpu_make(node, a100)
-    free = gpu_make(node, a100)
+    gpus = {gpu_make(node, a100).id, gpu_make(node, a100).id}
     user = user_make()
-    assert launch(user, profile="1/8").device_id == used.id
+    used = launch(user, profile="1/8").device_id
+    (free,) = gpus - {used}
     whole = launch(user, profile="whole")
     assert (whole.device_id, whole.slot_start, whole.slot_count, whole.sharing_policy) == (
-        free.id,
+        free,
         0,
         8,
         "exclusive",
     )
     assert launch(user, profile="whole").state == Session.State.QUEUED
-    assert used_masks() == {used.id: 0b1, free.id: 0xFF}
+    assert used_masks() == {used: 0b1, free: 0xFF}
 
 
 def test_whole_prefers_exclusive_gpus_and_slices_never_take_them(a100):
