@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: run test lint format bench messages stop clean
+.PHONY: run test lint format bench messages stop clean chaos chaos-ci load
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,15 @@ format: $(STAMP)
 
 bench: $(STAMP)
 	@for script in bench/*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
+
+chaos: $(STAMP)
+	@$(BIN)/python -m chaos.run
+
+chaos-ci: $(STAMP)
+	@$(BIN)/python -m chaos.run --short
+
+load: $(STAMP)
+	@$(BIN)/python -m load.run
 
 messages: $(STAMP)
 	@$(BIN)/python manage.py makemessages -l zh_Hans --ignore=.venv --ignore=.data --ignore=agents

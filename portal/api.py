@@ -8,6 +8,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from portal import services
+from portal.auth import NO_TOKEN
 from portal.models import AccessToken, Membership
 
 
@@ -70,7 +71,7 @@ class TokenCreatedSerializer(TokenSerializer):
 class TokenListView(APIView):
     """Personal access tokens can only be managed from a logged-in browser session, not with a token."""
 
-    token_scope = "tokens"  # no token carries it
+    token_scope = NO_TOKEN
 
     @extend_schema(responses=TokenSerializer(many=True))
     def get(self, request):
@@ -87,7 +88,7 @@ class TokenListView(APIView):
 
 
 class TokenDetailView(APIView):
-    token_scope = "tokens"
+    token_scope = NO_TOKEN
 
     @extend_schema(request=None, responses={204: None})
     def delete(self, request, token_id: int):

@@ -30,6 +30,10 @@ SCOPE_BY_PREFIX = (
 )
 
 
+# A view's ``token_scope`` that no token carries: the endpoint takes a browser session only.
+NO_TOKEN = "browser-session-only"
+
+
 def token_hash(raw: str) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()
 
@@ -39,7 +43,12 @@ def token_generate() -> str:
 
 
 class BearerTokenAuthentication(authentication.BaseAuthentication):
-    """``Authorization: Bearer sl_…``. Unknown, revoked and expired tokens all get the same 401."""
+    """``Authorization: Bearer sl_…``. Unknown, revoked and expired tokens all get the same 401.
+
+    The token's scopes are checked here too, not only by ``TokenScopePermission``: a view that sets its
+    own ``permission_classes`` (the staff endpoints do) drops the default permissions, but every view
+    that accepts a token authenticates through this class, so no view can forget the scope check.
+    """
 
     keyword = "bearer"
 
@@ -52,6 +61,9 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
         token = AccessToken.objects.select_related("user").filter(token_hash=token_hash(raw)).first()
         if token is None or not token.active or not token.user.is_active:
             raise exceptions.AuthenticationFailed("The token is unknown, expired or revoked.")
+        view = (request.parser_context or {}).get("view")
+        if view is not None and not token_may(token, scope=view_scope(view, request), method=request.method):
+            raise exceptions.PermissionDenied(TokenScopePermission.message)
         now = timezone.now()
         if token.last_used_at is None or now - token.last_used_at > LAST_USED_RESOLUTION:
             AccessToken.objects.filter(pk=token.pk).update(last_used_at=now)
@@ -82,8 +94,14 @@ def required_scope(path: str) -> str | None:
     return None
 
 
+def view_scope(view, request) -> str | None:
+    return getattr(view, "token_scope", None) or required_scope(request.path)
+
+
 def token_may(token: AccessToken, *, scope: str | None, method: str) -> bool:
     """Whether ``token`` may make a ``method`` call to an endpoint that needs ``scope``."""
+    if scope == NO_TOKEN:
+        return False
     if method in permissions.SAFE_METHODS and "read" in token.scopes:
         return True
     return scope is not None and scope in token.scopes
@@ -99,8 +117,7 @@ class TokenScopePermission(permissions.BasePermission):
         token = request.auth
         if not isinstance(token, AccessToken):
             return True
-        scope = getattr(view, "token_scope", None) or required_scope(request.path)
-        return token_may(token, scope=scope, method=request.method)
+        return token_may(token, scope=view_scope(view, request), method=request.method)
 
 
 class _SettingsRateThrottle(throttling.SimpleRateThrottle):

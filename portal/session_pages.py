@@ -184,15 +184,20 @@ def _session(request: HttpRequest, session_id) -> Session:
 
 
 def session_cost(session: Session) -> dict:
-    """What the session has cost so far: money (posted + accrued) and card-hours."""
+    """What the session has cost so far: its value at the locked price for the seconds billed, and how
+    much of that cards and the wallet have paid (the rest is posted within a posting interval)."""
+    from billing.models import Meter
     from billing.services.metering import meter_cost
 
     try:
         cost = meter_cost(session_ref=str(session.id))
     except NotFound:
-        return {"money_micros": 0, "card_micros": 0, "posted_micros": 0}
+        return {"value_micros": 0, "card_micros": 0, "posted_micros": 0}
+    billed = (
+        Meter.objects.filter(session_ref=str(session.id)).values_list("billed_seconds", flat=True).first()
+    )
     return {
-        "money_micros": cost.charged_micros + cost.accrued_micros,
+        "value_micros": session.price_micros_per_hour * (billed or 0) // 3600,
         "card_micros": cost.card_micros,
         "posted_micros": cost.charged_micros,
     }
@@ -292,8 +297,7 @@ def session_stop_view(request: HttpRequest, session_id) -> HttpResponse:
 
     session = _session(request, session_id)
     try:
-        reason = _("stopped by %(user)s") % {"user": request.user}
-        session_stop(session=session, actor=request.user, reason=reason)
+        session_stop(session=session, actor=request.user, reason=_("from the session page"))
     except ApplicationError as exc:
         messages.error(request, exc.message)
     else:

@@ -188,22 +188,22 @@ def meter_cost(*, session_ref: str) -> MeterCost:
 
 # --- the tick -----------------------------------------------------------------------------------------
 
+# One pass: each open meter not locked by a concurrent close or heartbeat (SKIP LOCKED: the tick never
+# waits on a meter, so it needs no lock order among them) gets its whole seconds up to min(now, alive).
 _ACCRUE_SQL = """
-WITH mine AS (
-    SELECT id FROM billing_meter WHERE state = 'open' ORDER BY id FOR UPDATE SKIP LOCKED
-), calc AS (
-    SELECT m.id, GREATEST(
-        m.billed_seconds,
-        floor(extract(epoch FROM (LEAST(%(now)s, m.alive_until) - m.started_at)))::bigint
-    ) AS secs
-    FROM billing_meter m JOIN mine USING (id)
-)
 UPDATE billing_meter m SET
     billed_seconds = calc.secs,
     billed_until = m.started_at + make_interval(secs => calc.secs::double precision),
     accrued_micros = m.price_micros_per_hour * calc.secs / 3600
                    - m.price_micros_per_hour * m.posted_seconds / 3600
-FROM calc WHERE m.id = calc.id AND calc.secs > m.billed_seconds
+FROM (
+    SELECT id, GREATEST(
+        billed_seconds,
+        floor(extract(epoch FROM (LEAST(%(now)s, alive_until) - started_at)))::bigint
+    ) AS secs
+    FROM billing_meter WHERE state = 'open' FOR UPDATE SKIP LOCKED
+) AS calc
+WHERE m.id = calc.id AND calc.secs > m.billed_seconds
 """
 
 _DUE_SQL = """
@@ -215,34 +215,39 @@ WHERE state = 'open' AND billed_seconds > posted_seconds
 ORDER BY id FOR UPDATE SKIP LOCKED
 """
 
+# Runway of every account with open meters in one statement; the session refs are gathered only for
+# the few accounts whose runway is short (gathering them for every account is most of the cost).
 _RUNWAY_SQL = """
 WITH om AS (
     SELECT account_id, sum(price_micros_per_hour) AS price, sum(card_burn_micros_per_hour) AS burn,
-           sum(accrued_micros) AS accrued, array_agg(session_ref ORDER BY id) AS refs,
-           array_agg(DISTINCT gpu_model) AS models,
+           sum(accrued_micros) AS accrued, array_agg(DISTINCT gpu_model) AS models,
            bool_or(runway_warned_at IS NULL) AS unwarned,
            bool_or(exhausted_at IS NULL OR exhausted_at <= %(now)s - interval '60 seconds') AS unsignalled
-    FROM billing_meter WHERE state = 'open' GROUP BY account_id
-), funds AS (
-    SELECT om.account_id,
-           COALESCE(sum(la.balance_micros) FILTER (WHERE la.kind IN ('wallet', 'overdraft')), 0) AS money,
-           COALESCE(sum(la.balance_micros) FILTER (WHERE la.kind = 'card'), 0) AS cards
-    FROM om
-    JOIN billing_ledgeraccount la ON la.owner_id = om.account_id
-    LEFT JOIN billing_card c ON c.ledger_account_id = la.id
-    WHERE (la.kind IN ('wallet', 'overdraft') AND la.unit = %(unit)s)
-       OR (la.kind = 'card' AND la.balance_micros > 0 AND c.state = 'active'
-           AND (c.expires_at IS NULL OR c.expires_at > %(now)s)
-           AND (c.gpu_models = '[]'::jsonb OR c.gpu_models ?| om.models))
-    GROUP BY om.account_id
-), runway AS (
-    SELECT om.account_id, om.refs, om.unwarned, om.unsignalled,
-           (CASE WHEN om.burn > 0 THEN COALESCE(f.cards, 0) * 3600 / om.burn ELSE 0 END)
-           + (COALESCE(f.money, 0) - om.accrued) * 3600 / om.price AS seconds
-    FROM om LEFT JOIN funds f USING (account_id)
-    WHERE om.price > 0
+    FROM billing_meter WHERE state = 'open' GROUP BY account_id HAVING sum(price_micros_per_hour) > 0
+), money AS (
+    SELECT la.owner_id AS account_id, sum(la.balance_micros) AS money
+    FROM billing_ledgeraccount la JOIN om ON om.account_id = la.owner_id
+    WHERE la.kind IN ('wallet', 'overdraft') AND la.unit = %(unit)s
+    GROUP BY la.owner_id
+), cards AS (
+    SELECT la.owner_id AS account_id, sum(la.balance_micros) AS cards
+    FROM billing_ledgeraccount la
+    JOIN om ON om.account_id = la.owner_id
+    JOIN billing_card c ON c.ledger_account_id = la.id
+    WHERE la.kind = 'card' AND la.balance_micros > 0 AND c.state = 'active'
+      AND (c.expires_at IS NULL OR c.expires_at > %(now)s)
+      AND (c.gpu_models = '[]'::jsonb OR c.gpu_models ?| om.models)
+    GROUP BY la.owner_id
+), low AS (
+    SELECT om.account_id, om.unwarned, om.unsignalled,
+           (CASE WHEN om.burn > 0 THEN COALESCE(cards.cards, 0) * 3600 / om.burn ELSE 0 END)
+           + (COALESCE(money.money, 0) - om.accrued) * 3600 / om.price AS seconds
+    FROM om LEFT JOIN money USING (account_id) LEFT JOIN cards USING (account_id)
 )
-SELECT account_id, refs, seconds, unwarned, unsignalled FROM runway WHERE seconds <= %(warn)s
+SELECT low.account_id, array_agg(m.session_ref ORDER BY m.id), low.seconds, low.unwarned, low.unsignalled
+FROM low JOIN billing_meter m ON m.account_id = low.account_id AND m.state = 'open'
+WHERE low.seconds <= %(warn)s
+GROUP BY low.account_id, low.seconds, low.unwarned, low.unsignalled
 """
 
 
@@ -293,15 +298,6 @@ def _post(meters: list[dict], *, now: datetime) -> int:
     with _bulk_cursor() as cursor:
         cursor.execute(
             """
-            INSERT INTO billing_ledgeraccount (kind, owner_id, unit, balance_micros, version, created_at)
-            SELECT k.kind, a.id, %s, 0, 0, now()
-            FROM unnest(%s::bigint[]) AS a(id) CROSS JOIN (VALUES ('wallet'), ('overdraft')) AS k(kind)
-            ON CONFLICT DO NOTHING
-            """,
-            [unit, account_ids],
-        )
-        cursor.execute(
-            """
             SELECT la.id, la.kind, la.owner_id, la.balance_micros,
                    ARRAY(SELECT jsonb_array_elements_text(c.gpu_models)) AS models, c.expires_at
             FROM billing_ledgeraccount la LEFT JOIN billing_card c ON c.ledger_account_id = la.id
@@ -326,6 +322,26 @@ def _post(meters: list[dict], *, now: datetime) -> int:
                 overdraft[owner_id] = la_id
             elif kind == "card":
                 cards.setdefault(owner_id, []).append((la_id, models or [], expires_at))
+        missing = [a for a in account_ids if a not in wallet or a not in overdraft]
+        if missing:  # meter_open makes both; a meter written another way gets them here
+            cursor.execute(
+                """
+                INSERT INTO billing_ledgeraccount (kind, owner_id, unit, balance_micros, version, created_at)
+                SELECT k.kind, a.id, %s, 0, 0, now()
+                FROM unnest(%s::bigint[]) AS a(id) CROSS JOIN (VALUES ('wallet'), ('overdraft')) AS k(kind)
+                ON CONFLICT DO NOTHING
+                """,
+                [unit, missing],
+            )
+            cursor.execute(
+                "SELECT id, kind, owner_id, balance_micros FROM billing_ledgeraccount "
+                "WHERE owner_id = ANY(%s) AND kind IN ('wallet', 'overdraft') AND unit = %s "
+                "ORDER BY id FOR UPDATE",
+                [missing, unit],
+            )
+            for la_id, kind, owner_id, held in cursor.fetchall():
+                balance[la_id] = held
+                (wallet if kind == "wallet" else overdraft)[owner_id] = la_id
 
         legs: list[tuple] = []  # (debit, credit, amount, unit, kind, key, meter_id)
         meter_updates: list[tuple] = []

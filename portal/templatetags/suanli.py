@@ -29,6 +29,17 @@ def money(micros: int | None, places: int = 2) -> str:
 
 
 @register.filter
+def state_label(state: str) -> str:
+    """A session state's name in the user's language (``running`` → 运行中)."""
+    from provisioner.models import Session
+
+    try:
+        return str(Session.State(state).label)
+    except ValueError:
+        return state
+
+
+@register.filter
 def amount(micros: int | None) -> str:
     """``12345678`` micros → ``12.35``: an amount for a form field, without the currency symbol."""
     if micros is None:

@@ -16,8 +16,8 @@ database half imports the models where it uses them.
 A decision costs at most 256 bucket look-ups, whatever the fleet size.
 
 ``allocation_place`` is the database half: it reads candidates without locks, then tries them in
-preference order, each under ``SELECT … FOR UPDATE SKIP LOCKED`` in a savepoint, re-reading that
-device's slots under the lock; after a few rounds it falls back to locking every fitting candidate in
+preference order, each under ``SELECT … FOR UPDATE SKIP LOCKED`` in a savepoint that also reads that
+device's slots; after a few rounds it falls back to locking every fitting candidate in
 id order (never a deadlock: the only device locks waited for are taken in one order). The unique
 (device, slot) constraint is the final word.
 """
@@ -264,31 +264,34 @@ def _eligible_devices(gpu_model, request: Request | None = None):
     return devices.filter(physical)
 
 
-def _masks(devices) -> dict[int, int]:
-    """Used-slot masks of ``devices`` (a queryset or ids) as committed now."""
+def _with_masks(devices):
+    """``devices`` annotated with ``slot_mask``, their used slots as committed now, in the same query."""
+    from django.db.models import F, IntegerField, OuterRef, Subquery, Sum, Value
+    from django.db.models.functions import Coalesce
+
     from provisioner.models import AllocationSlot
 
-    masks: dict[int, int] = {}
-    device_filter = {"device_id__in": devices if hasattr(devices, "query") else list(devices)}
-    for device_id, slot in AllocationSlot.objects.filter(**device_filter).values_list("device_id", "slot"):
-        masks[device_id] = masks.get(device_id, 0) | (1 << slot)
-    return masks
+    bits = Value(1, output_field=IntegerField()).bitleftshift(F("slot"))
+    per_device = (
+        AllocationSlot.objects.filter(device_id=OuterRef("id"))
+        .values("device_id")
+        .annotate(mask=Sum(bits, output_field=IntegerField()))
+        .values("mask")
+    )
+    return devices.annotate(slot_mask=Coalesce(Subquery(per_device, output_field=IntegerField()), 0))
 
 
 def _index_of(gpu_model, devices) -> tuple[FreeIndex, dict[int, tuple[int, str]]]:
-    rows = list(
-        devices.order_by("id").values_list(
-            "id", "node_id", "kind", "sharing_policy", "mig_profile", "mig_mode"
-        )
+    rows = _with_masks(devices).values_list(
+        "id", "node_id", "kind", "sharing_policy", "mig_profile", "mig_mode", "slot_mask"
     )
-    masks = _masks(devices.values("id")) if rows else {}
     index = FreeIndex()
     meta: dict[int, tuple[int, str]] = {}
-    for device_id, node_id, kind, policy, mig_profile, mig_mode in rows:
+    for device_id, node_id, kind, policy, mig_profile, mig_mode, mask in rows.order_by("id"):
         cls = device_class(kind=kind, sharing_policy=policy, mig_profile=mig_profile, mig_mode=mig_mode)
         if cls is None:
             continue
-        index.add(device_id, gpu_model=gpu_model.name, device_class=cls, mask=masks.get(device_id, 0))
+        index.add(device_id, gpu_model=gpu_model.name, device_class=cls, mask=mask)
         meta[device_id] = (node_id, policy)
     return index, meta
 
@@ -304,9 +307,15 @@ class _Taken(Exception):
 
 
 def _try_take(session, gpu_model, request: Request, choice: Choice, *, skip_locked: bool):
-    """In a savepoint: lock the device (still eligible), re-read its slots, insert the allocation if the
-    block is free. None when the device is locked by another placement (with ``skip_locked``), no longer
-    eligible, or the block was taken meanwhile; the savepoint's rollback releases the lock."""
+    """In a savepoint: lock the device (if still eligible) and read its slots in the same statement,
+    insert the allocation if the block is free. None when the device is locked by another placement
+    (with ``skip_locked``), no longer eligible, or the block was taken meanwhile; the savepoint's
+    rollback releases the lock.
+
+    The slots are read in the locking statement's snapshot, so a placement that committed on this
+    device in the instant between that snapshot and the lock is not seen: the unique (device, slot)
+    constraint refuses the insert, and this returns None as for any other miss.
+    """
     from django.db import IntegrityError, transaction
 
     from provisioner.models import Allocation, AllocationSlot
@@ -314,14 +323,13 @@ def _try_take(session, gpu_model, request: Request, choice: Choice, *, skip_lock
     try:
         with transaction.atomic():
             device = (
-                _eligible_devices(gpu_model, request)
-                .select_for_update(skip_locked=skip_locked, of=("self",), no_key=True)
-                .filter(id=choice.device_id)
+                _with_masks(_eligible_devices(gpu_model, request).filter(id=choice.device_id))
+                .select_for_update(skip_locked=skip_locked, of=("self",))
                 .first()
             )
             if device is None:
                 return None
-            if _masks([device.id]).get(device.id, 0) & block_mask(choice.slot_start, choice.slot_count):
+            if device.slot_mask & block_mask(choice.slot_start, choice.slot_count):
                 raise _Taken
             allocation = Allocation.objects.create(
                 session=session, device=device, slot_start=choice.slot_start, slot_count=choice.slot_count

@@ -11,7 +11,8 @@ from datetime import datetime
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Sum
+from django.db.models import CharField, Count, Sum
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 from billing.audit import audit_record
@@ -87,16 +88,24 @@ class Usage:
     spend_micros: int
 
 
-def _usage(sessions) -> Usage:
+def _usage(sessions, *, spend: bool = True) -> Usage:
+    """Live sessions and eighths in one query; this month's spend (one more) unless ``spend`` is False,
+    when ``spend_micros`` is 0 (admission skips it where no cap applies)."""
     from billing.models import Meter
 
-    live = sessions.filter(state__in=Session.LIVE)
-    eighths = live.aggregate(total=Sum("profile__quota_eighths"))["total"] or 0
-    refs = [str(i) for i in sessions.filter(created_at__gte=month_start()).values_list("id", flat=True)]
-    spend = Meter.objects.filter(session_ref__in=refs).aggregate(
-        c=Sum("charged_micros"), a=Sum("accrued_micros")
+    live = sessions.filter(state__in=Session.LIVE).aggregate(
+        count=Count("id"), eighths=Sum("profile__quota_eighths")
     )
-    return Usage(live.count(), eighths, (spend["c"] or 0) + (spend["a"] or 0))
+    spent = 0
+    if spend:
+        refs = (
+            sessions.filter(created_at__gte=month_start()).annotate(ref=Cast("id", CharField())).values("ref")
+        )
+        totals = Meter.objects.filter(session_ref__in=refs).aggregate(
+            c=Sum("charged_micros"), a=Sum("accrued_micros")
+        )
+        spent = (totals["c"] or 0) + (totals["a"] or 0)
+    return Usage(live["count"], live["eighths"] or 0, spent)
 
 
 def usage_of_user(*, user) -> Usage:
@@ -145,30 +154,28 @@ def _check(
 def quota_admit(*, user, account: Account, gpu_model: str, profile: Profile, max_seconds: int) -> None:
     """Raise QuotaExceeded unless one more session fits the user's, the team account's and the member's
     limits. Reads only: the caller holds the account and user row locks."""
-    _check(
-        limits_for_user(user=user),
-        usage_of_user(user=user),
-        who="You",
-        has="have",
-        gpu_model=gpu_model,
-        profile=profile,
-        max_seconds=max_seconds,
-    )
+    subjects = [(limits_for_user(user=user), Session.objects.filter(owner=user), "You", "have")]
     if account.kind == Account.Kind.TEAM:
+        subjects += [
+            (
+                limits_for_account(account=account),
+                Session.objects.filter(account=account),
+                "This team",
+                "has",
+            ),
+            (
+                limits_for_member(user=user, account=account),
+                Session.objects.filter(owner=user, account=account),
+                "Your share of this team",
+                "has",
+            ),
+        ]
+    for limits, sessions, who, has in subjects:
         _check(
-            limits_for_account(account=account),
-            usage_of_account(account=account),
-            who="This team",
-            has="has",
-            gpu_model=gpu_model,
-            profile=profile,
-            max_seconds=max_seconds,
-        )
-        _check(
-            limits_for_member(user=user, account=account),
-            usage_of_member(user=user, account=account),
-            who="Your share of this team",
-            has="has",
+            limits,
+            _usage(sessions, spend=limits.monthly_spend_cap_micros is not None),
+            who=who,
+            has=has,
             gpu_model=gpu_model,
             profile=profile,
             max_seconds=max_seconds,

@@ -135,13 +135,19 @@ def test_invite_code_to_a_notebook_on_a_quarter_gpu_and_back(browser, stack, off
 
     lab = context.new_page()
     lab.goto(f"/jupyter/{session_id}/lab")
-    lab.locator(".jp-LauncherCard[data-category='Notebook']").first.click(timeout=60_000)
-    cell = lab.locator(".jp-Cell .cm-content").first
-    cell.click()
-    cell.type('import os; print("GPU", os.environ.get("CUDA_VISIBLE_DEVICES"))')
-    lab.keyboard.press("Shift+Enter")
-    output = lab.locator(".jp-OutputArea-output").first
-    output.wait_for(timeout=60_000)
+    lab.locator(".jp-LauncherCard[data-category='Notebook']").first.click(timeout=90_000)
+    try:
+        # the kernel is up: the status bar reads "Python 3 (ipykernel) | Idle"
+        lab.get_by_text(re.compile(r"\| Idle")).first.wait_for(timeout=90_000)
+        cell = lab.locator(".jp-Cell .cm-content").first
+        cell.click()
+        cell.type('import os; print("GPU", os.environ.get("CUDA_VISIBLE_DEVICES"))')
+        lab.keyboard.press("Shift+Enter")
+        output = lab.locator(".jp-OutputArea-output").first
+        output.wait_for(timeout=90_000)
+    except Exception:
+        lab.screenshot(path=str(artifacts_dir / "jupyterlab-failed.png"))
+        raise
     assert f"GPU {session.device.uuid}" in output.inner_text()
     assert session.jupyter_token_sealed not in lab.content()
     lab.screenshot(path=str(artifacts_dir / "jupyterlab-desktop.png"))
@@ -176,4 +182,12 @@ def test_invite_code_to_a_notebook_on_a_quarter_gpu_and_back(browser, stack, off
     _shoot(page, artifacts_dir, "wallet")
     page.goto("/cards/")
     _shoot(page, artifacts_dir, "cards")
+
+    with page.expect_navigation():  # remembered on the user: every page follows
+        page.select_option("#language-switch", "zh-hans")
+    page.goto(f"/sessions/{session_id}/")
+    assert "已停止" in page.content() and "对工作负载实际施加的限制" in page.content()
+    _shoot(page, artifacts_dir, "session-zh")
+    page.goto("/dashboard/")
+    _shoot(page, artifacts_dir, "dashboard-zh")
     context.close()

@@ -593,7 +593,7 @@ def test_admin_actions_go_through_the_services(fleet, sent_tasks, client):
         reverse("admin:provisioner_session_changelist"), {"action": "force_stop", "_selected_action": [sid]}
     )
     assert Session.objects.get(id=sid).state == "stopping"
-    free = node.devices.get(uuid="GPU-a-1")
+    free = node.devices.filter(kind="physical", gpu_model__name=A100, allocations__isnull=True).first()
     response = client.post(
         reverse("admin:provisioner_device_change", args=[free.id]), {"sharing_policy": "equal-share"}
     )

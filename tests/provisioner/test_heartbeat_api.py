@@ -250,7 +250,7 @@ def test_a_node_that_was_down_comes_back_to_the_state_it_had(catalog):
 
 def test_workloads_of_other_nodes_or_unknown_ids_are_ignored(catalog):
     node_a, _ = make_node("node-a", [gpu(0, "GPU-a-0")])
-    _node_b, token_b = make_node("node-b", [gpu(0, "GPU-b-0")])
+    _node_b, token_b = make_node("node-b", [gpu(0, "GPU-b-0", "NVIDIA Tesla T4", 15360)])
     user = make_user()
     session = session_launch(
         user=user,
@@ -264,7 +264,10 @@ def test_workloads_of_other_nodes_or_unknown_ids_are_ignored(catalog):
     )
     assert session.node_id == node_a.id
     statuses = [workload_status(session, "running"), {"session_id": "not-a-uuid", "state": "running"}]
-    assert post(token_b, heartbeat_body([gpu(0, "GPU-b-0")], statuses)).status_code == 200
+    assert (
+        post(token_b, heartbeat_body([gpu(0, "GPU-b-0", "NVIDIA Tesla T4", 15360)], statuses)).status_code
+        == 200
+    )
     assert Session.objects.get(id=session.id).state == "placing"
 
 

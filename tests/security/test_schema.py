@@ -19,7 +19,13 @@ from portal.services import access_token_create
 from tests.provisioner.conftest import make_catalog, make_node, make_user
 
 APP = get_wsgi_application()
-schema = schemathesis.openapi.from_wsgi("/api/schema/?format=json", APP)
+CONFIG = schemathesis.Config.from_dict(
+    {
+        "generation": {"max-examples": 25, "deterministic": True, "database": "none"},
+        "phases": {"coverage": {"enabled": False}, "stateful": {"enabled": False}},
+    }
+)
+schema = schemathesis.openapi.from_wsgi("/api/schema/?format=json", APP, config=CONFIG)
 # Their own authentication: the agents' heartbeat (a node token) and the Stripe webhook (a signature,
 # not in the schema). test_hardening sends them garbage.
 user_schema = schema.exclude(path="/api/agent/heartbeat")

@@ -1,0 +1,267 @@
+"""``make load``: the real stack on ``.data/load`` under 50 concurrent users (locust, headless), then every
+``bench/`` script; writes the figures to docs/PERFORMANCE.md.
+
+    .venv/bin/python -m load.run [--users 50] [--seconds 60] [--bench run|stored|skip]
+
+The stack is the production shape with its default intervals (one web process, one Celery worker, beat,
+three agents on fake fleets). Four users hold a running session each for the proxy requests. The load is
+then: the dashboard (browser cookie), launch + stop of a 1/8 A100 through the API (token), and a small
+Jupyter API GET through the proxy. Benchmarks run after the stack is down, one at a time, each with the
+arguments below; their output is kept under ``.data/bench-results/`` so that ``--bench stored`` (or a
+bench that fails this time) reports the last figures it printed, with their date.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from importlib.metadata import version
+from pathlib import Path
+
+import httpx
+
+from chaos.stack import A100, ENVIRONMENT, FLEETS, ROOT, Stack, Timings, wait_for
+
+BENCH_ARGS = {"metering.py": ["--quick"], "placement.py": ["--quick"], "proxy.py": ["--requests", "1000"]}
+BENCH_TIMEOUT_SECONDS = 900
+RESULTS = ROOT / ".data" / "bench-results"
+ENDPOINTS = [
+    "GET /dashboard/",
+    "POST /api/v1/sessions",
+    "POST /api/v1/sessions/<id>/stop",
+    "GET /jupyter/<id>/api/status",
+]
+
+
+def _say(line: str) -> None:
+    print(f"load {time.strftime('%H:%M:%S', time.gmtime())}: {line}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m load.run", description=__doc__.split("\n")[0])
+    parser.add_argument("--users", type=int, default=50)
+    parser.add_argument("--seconds", type=int, default=60)
+    parser.add_argument("--bench", choices=["run", "stored", "skip"], default="run")
+    parser.add_argument("--report", type=Path, default=ROOT / "docs" / "PERFORMANCE.md")
+    args = parser.parse_args(argv)
+    if importlib.util.find_spec("locust") is None:
+        sys.stderr.write("load: locust is not installed: .venv/bin/pip install 'locust>=2.47,<3'\n")
+        return 2
+
+    load_average = os.getloadavg()[0]
+    stack = Stack(
+        data_dir=ROOT / ".data" / "load",
+        timings=Timings(
+            metering_tick_seconds=5.0,
+            posting_interval_seconds=60,
+            node_liveness_seconds=30,
+            liveness_sweep_seconds=5.0,
+            queue_dispatch_seconds=10.0,
+            heartbeat_seconds=5,
+            agent_http_timeout_seconds=10.0,
+        ),
+        # every simulated user launches and stops all the time: quotas are not what is measured here
+        extra_env={"QUOTA_DEFAULT_MAX_SESSIONS": "100000", "QUOTA_DEFAULT_MAX_EIGHTHS": "1000000"},
+    )
+    try:
+        _say(f"starting the stack under {stack.data_dir}")
+        stack.prepare()
+        from django.conf import settings
+
+        from chaos.stack import seed_catalog, seed_users
+
+        seed_catalog()
+        _say(f"seeding {args.users} users")
+        users = seed_users(args.users, prefix="load", wallet_micros=1_000_000_000)
+        stack.start_web()
+        stack.start_worker(0)
+        stack.start_beat()
+        for node in ("node-a", "node-b", "ci-small"):
+            stack.enrol_agent(node, FLEETS / f"{node}.yaml")
+        targets = _proxy_targets(stack, users[:4], cookie_name=settings.SESSION_COOKIE_NAME)
+        plan = {
+            "users": [{"token": u.token, "cookie": u.cookie} for u in users],
+            "cookie_name": settings.SESSION_COOKIE_NAME,
+            "proxy_targets": targets,
+            "gpu_model": A100,
+            "profile": "1/8",
+            "environment": ENVIRONMENT,
+        }
+        plan_file = stack.data_dir / "plan.json"
+        plan_file.write_text(json.dumps(plan))
+        _say(f"{args.users} users for {args.seconds} s against {stack.url}")
+        stats = _locust(stack, plan_file, users=args.users, seconds=args.seconds)
+    finally:
+        _say("stopping the stack")
+        stack.shutdown()
+    benches = _benches(args.bench)
+    _write(
+        args.report,
+        stats=stats,
+        users=args.users,
+        seconds=args.seconds,
+        load_average=load_average,
+        benches=benches,
+    )
+    errors = sum(row["errors"] for row in stats.values())
+    _say(f"report in {args.report}; {errors} errors")
+    return 1 if errors else 0
+
+
+def _proxy_targets(stack: Stack, owners, *, cookie_name: str) -> list[dict]:
+    """One running session per owner (a 1/8 A100 each), for the proxy requests."""
+    targets = []
+    for owner in owners:
+        answer = httpx.post(
+            f"{stack.url}/api/v1/sessions",
+            headers={"Authorization": f"Bearer {owner.token}"},
+            json={"gpu_model": A100, "profile": "1/8", "environment": ENVIRONMENT},
+            timeout=30,
+        )
+        answer.raise_for_status()
+        targets.append({"session_id": answer.json()["id"], "cookie": owner.cookie})
+    for target in targets:
+        wait_for(
+            lambda t=target: (
+                httpx.get(
+                    f"{stack.url}/jupyter/{t['session_id']}/api/status",
+                    cookies={cookie_name: t["cookie"]},
+                    timeout=5,
+                ).status_code
+                == 200
+            ),
+            timeout=240,
+            interval=1,
+            what=f"session {target['session_id']} to answer through the proxy",
+        )
+    return targets
+
+
+def _locust(stack: Stack, plan_file: Path, *, users: int, seconds: int) -> dict[str, dict]:
+    prefix = stack.data_dir / "locust"
+    command = [
+        sys.executable, "-m", "locust", "-f", str(ROOT / "load" / "locustfile.py"), "--headless",
+        "--users", str(users), "--spawn-rate", "10", "--run-time", f"{seconds}s", "--host", stack.url,
+        "--csv", str(prefix), "--only-summary", "--loglevel", "WARNING", "--stop-timeout", "10",
+    ]  # fmt: skip
+    env = {**os.environ, "LOAD_PLAN": str(plan_file)}
+    with (stack.log_dir / "locust.log").open("wb") as log:
+        subprocess.run(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, check=False)
+    stats = {}
+    with open(f"{prefix}_stats.csv", newline="") as handle:
+        for row in csv.DictReader(handle):
+            if row["Name"] in ENDPOINTS:
+                stats[row["Name"]] = {
+                    "requests": int(row["Request Count"]),
+                    "errors": int(row["Failure Count"]),
+                    "rps": float(row["Requests/s"]),
+                    "p50": float(row["50%"]),
+                    "p95": float(row["95%"]),
+                }
+    failures = Path(f"{prefix}_failures.csv")
+    stats["_failures"] = failures.read_text() if failures.exists() else ""
+    return stats
+
+
+def _benches(mode: str) -> list[dict]:
+    """Run (or read the stored output of) every bench/*.py, one at a time."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    found = []
+    for script in sorted((ROOT / "bench").glob("*.py")):
+        stored = RESULTS / f"{script.stem}.json"
+        arguments = BENCH_ARGS.get(script.name, [])
+        if mode == "run":
+            _say(f"bench {script.name} {' '.join(arguments)}")
+            started = time.monotonic()
+            try:
+                done = subprocess.run(
+                    [sys.executable, str(script), *arguments], cwd=ROOT, capture_output=True, text=True,
+                    timeout=BENCH_TIMEOUT_SECONDS, check=False,
+                )  # fmt: skip
+                output, code = done.stdout + (done.stderr[-2000:] if done.returncode else ""), done.returncode
+            except subprocess.TimeoutExpired:
+                output, code = f"timed out after {BENCH_TIMEOUT_SECONDS} s", -1
+            run = {
+                "script": script.name,
+                "command": " ".join([".venv/bin/python", f"bench/{script.name}", *arguments]),
+                "as_of": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+                "seconds": round(time.monotonic() - started),
+                "exit": code,
+                "output": output.strip(),
+            }
+            if code == 0 or not stored.exists():
+                stored.write_text(json.dumps(run))
+            else:
+                run = {**json.loads(stored.read_text()), "note": f"this run failed ({output.strip()[-300:]})"}
+            found.append(run)
+        elif mode == "stored" and stored.exists():
+            found.append(json.loads(stored.read_text()))
+        elif mode == "stored":
+            found.append({"script": script.name, "as_of": "never run", "output": "", "exit": None})
+    return found
+
+
+def _write(path: Path, *, stats, users, seconds, load_average, benches) -> None:
+    now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        "# Performance",
+        "",
+        f"As of {now}: `make load` ({users} concurrent users for {seconds} s, locust {version('locust')}) "
+        f"on this machine ({os.cpu_count()} cores, load average {load_average:.1f} when it started: other "
+        "work shares the CPUs, so treat the figures as a floor). The benchmarks below each carry their own "
+        "date.",
+        "",
+        "## Load: the dashboard, the launch API and the Jupyter proxy",
+        "",
+        "The real stack as production runs it (one uvicorn web process, one Celery worker, beat, three "
+        "agents on fake fleets; default intervals) on the embedded PostgreSQL and Redis. Each simulated user "
+        "waits 0.5–1.5 s between requests and picks: the dashboard (weight 3), a Jupyter `api/status` GET "
+        "through the proxy to one of four running sessions (weight 3), or a launch of a 1/8 A100 through "
+        "the API followed at once by its stop (weight 1). The load generator runs on the same 2 cores.",
+        "",
+        "| endpoint | requests | throughput (req/s) | p50 (ms) | p95 (ms) | errors |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name in ENDPOINTS:
+        row = stats.get(name)
+        if row:
+            lines.append(
+                f"| `{name}` | {row['requests']} | {row['rps']:.1f} | {row['p50']:.0f} | {row['p95']:.0f} | "
+                f"{row['errors']} |"
+            )
+        else:
+            lines.append(f"| `{name}` | 0 | – | – | – | – |")
+    if stats.get("_failures", "").count("\n") > 1:
+        lines += ["", "Failures (locust):", "", "```text", stats["_failures"].strip(), "```"]
+    lines += ["", "## Benchmarks (`bench/`)", ""]
+    if not benches:
+        lines.append("Not run this time (`--bench skip`).")
+    for bench in benches:
+        lines += [
+            f"### bench/{bench['script']}",
+            "",
+            f"As of {bench['as_of']}: `{bench.get('command', '')}`"
+            + (f", {bench['seconds']} s" if bench.get("seconds") is not None else "")
+            + (f", exit {bench['exit']}" if bench.get("exit") else "")
+            + (f" — {bench['note']}" if bench.get("note") else "")
+            + ".",
+            "",
+            "```text",
+            bench["output"] or "(no output)",
+            "```",
+            "",
+        ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines).rstrip() + "\n")
+
+
+if __name__ == "__main__":
+    os.chdir(ROOT)
+    sys.exit(main())

@@ -1,0 +1,388 @@
+"""The authorisation matrix: every ``/api/v1/`` endpoint, called by someone who must not reach the
+object (another user, a team member on another member's session, a team owner on a member's notebook, a
+non-member on a team's account, a non-staff user on the staff endpoints), answers 404 (403 for the
+staff endpoints), shows none of the owner's data, and changes nothing.
+
+The endpoints come from the URL resolver and the OpenAPI document: one without a row in MATRIX fails
+``test_every_api_endpoint_is_in_the_matrix``, so a new endpoint cannot be forgotten.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+from django.core.cache import cache
+from django.urls import URLPattern, URLResolver, get_resolver
+from drf_spectacular.generators import SchemaGenerator
+from rest_framework.test import APIClient
+
+from billing.models import AuditEntry, Card, Entry, InviteCode, LedgerAccount, TopUp, Transfer
+from billing.services.cards import card_batch_issue, card_redeem
+from portal.models import AccessToken, Membership
+from portal.services import access_token_create, team_create
+from provisioner.models import Node, Quota, Session
+from provisioner.services.sessions import session_launch
+from tests.billing.conftest import fund
+from tests.provisioner.conftest import A100, ENV, gpu, make_catalog, make_node, make_user
+
+pytestmark = pytest.mark.django_db
+
+ALL_SCOPES = ["read", "sessions", "cards", "billing"]
+HOUR = 1_000_000
+
+
+# --- the endpoints ----------------------------------------------------------------------------------
+
+
+def _routes(patterns, prefix: str = ""):
+    for entry in patterns:
+        if isinstance(entry, URLResolver):
+            yield from _routes(entry.url_patterns, prefix + str(entry.pattern))
+        elif isinstance(entry, URLPattern):
+            yield prefix + str(entry.pattern), entry.callback
+
+
+def _openapi_path(route: str) -> str:
+    """``api/v1/cards/<int:card_id>`` → ``/api/v1/cards/{card_id}``, as the OpenAPI document spells it."""
+    parts = []
+    for part in route.split("/"):
+        if part.startswith("<") and part.endswith(">"):
+            part = "{" + part[1:-1].split(":")[-1] + "}"
+        parts.append(part)
+    return "/" + "/".join(parts)
+
+
+def api_endpoints() -> set[tuple[str, str]]:
+    """(METHOD, path) of every ``/api/v1/`` view the URL resolver routes to, and every operation the
+    OpenAPI document lists under ``/api/v1/``."""
+    found = set()
+    for route, callback in _routes(get_resolver().url_patterns):
+        if not route.startswith("api/v1/"):
+            continue
+        view_class = getattr(callback, "view_class", None) or getattr(callback, "cls", None)
+        if view_class is None:  # a plain function view: it must still be in the matrix
+            found.add(("ANY", _openapi_path(route)))
+            continue
+        for method in view_class.http_method_names:
+            if method not in ("options", "head", "trace") and hasattr(view_class, method):
+                found.add((method.upper(), _openapi_path(route)))
+    schema = SchemaGenerator().get_schema(request=None, public=True)
+    for path, operations in schema["paths"].items():
+        if path.startswith("/api/v1/"):
+            found |= {(method.upper(), path) for method in operations}
+    return found
+
+
+# --- the world: two tenants and a team --------------------------------------------------------------
+
+
+@dataclass
+class World:
+    alice: object  # owns the objects; owner of the team "lab"
+    bob: object  # a plain member of "lab"
+    mallory: object  # another tenant, in no team
+    staff: object
+    team: object
+    alice_session: Session
+    bob_team_session: Session  # bob's, paid by the team's account
+    alice_card: Card
+    team_card: Card
+    alice_token: AccessToken
+    spare_code: str  # an unredeemed code, so a redemption onto another's account would succeed
+    node: Node
+
+    def secrets(self, who: str) -> list[str]:
+        """Strings of alice's objects (and the team's, for a stranger to it) that must not appear in
+        ``who``'s answer."""
+        return [
+            "alice",
+            *(["skunkworks"] if who not in ("alice", "bob") else []),
+            str(self.alice_session.id),
+            str(self.bob_team_session.id),
+            self.alice_token.prefix,
+            self.alice_token.name,
+        ]
+
+
+def _redeemed_card(user, account, hours: int) -> Card:
+    _batch, (code,) = card_batch_issue(hours_micros=hours * HOUR, count=1, valid_days=30, max_parts=3)
+    return card_redeem(user=user, account=account, code=code)
+
+
+def _launch(user, account, profile: str = "1/2") -> Session:
+    return session_launch(
+        user=user,
+        account=account,
+        gpu_model=A100,
+        profile=profile,
+        environment=ENV,
+        max_hours=None,
+        idle_minutes=None,
+        idempotency_key=None,
+    )
+
+
+@pytest.fixture
+def world(db, settings) -> World:
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    cache.clear()
+    make_catalog()
+    node, _token = make_node("node-m", [gpu(0, "GPU-m-0"), gpu(1, "GPU-m-1")])
+    alice, bob, mallory = make_user("alice"), make_user("bob"), make_user("mallory")
+    staff = make_user("operator", staff=True)
+    team = team_create(creator=alice, name="skunkworks")
+    Membership.objects.create(team=team, user=bob, role=Membership.Role.MEMBER)
+    fund(team.account, 50_000_000)
+    _batch, (spare_code,) = card_batch_issue(hours_micros=2 * HOUR, count=1, valid_days=30)
+    alice_token, _raw = access_token_create(user=alice, name="alice-ci", scopes=ALL_SCOPES)
+    return World(
+        alice=alice,
+        bob=bob,
+        mallory=mallory,
+        staff=staff,
+        team=team,
+        alice_session=_launch(alice, alice.account),
+        bob_team_session=_launch(bob, team.account),
+        alice_card=_redeemed_card(alice, alice.account, 6),
+        team_card=_redeemed_card(alice, team.account, 6),
+        alice_token=alice_token,
+        spare_code=spare_code,
+        node=node,
+    )
+
+
+def state_of_the_world() -> dict:
+    """Everything an intruder's call must leave as it was."""
+    return {
+        "sessions": sorted(Session.objects.values_list("id", "state", "owner_id", "account_id")),
+        "cards": sorted(Card.objects.values_list("id", "state", "owner_id", "parent_id")),
+        "codes": sorted(InviteCode.objects.values_list("id", "card__state")),
+        "balances": sorted(LedgerAccount.objects.values_list("id", "balance_micros")),
+        "transfers": Transfer.objects.count(),
+        "entries": Entry.objects.count(),
+        "topups": TopUp.objects.count(),
+        "tokens": sorted(AccessToken.objects.values_list("id", "revoked_at")),
+        "nodes": sorted(Node.objects.values_list("id", "state")),
+        "quotas": sorted(Quota.objects.values_list("id", "updated_at")),
+        "audit": AuditEntry.objects.count(),
+    }
+
+
+# --- the matrix -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Probe:
+    """One intruder's call. ``expect``: the status; ``who``: the World attribute of the caller."""
+
+    method: str
+    url: Callable[[World], str]
+    body: Callable[[World], dict] | None = None
+    expect: int = 404
+    who: str = "mallory"
+    # tokens may not manage tokens (403 with any token), whoever owns the object
+    expect_with_token: int | None = None
+
+
+def own(w: World) -> int:
+    return w.alice.account_id
+
+
+def team(w: World) -> int:
+    return w.team.account_id
+
+
+def _stranger_probes(method: str, url, body=None, expect_with_token=None) -> list[Probe]:
+    return [Probe(method, url, body, expect_with_token=expect_with_token)]
+
+
+def _account_probes(method: str, path: str, body=None) -> list[Probe]:
+    """Another tenant naming alice's account or the team's (not theirs) in ``?account=``."""
+    return [
+        Probe(method, lambda w: f"{path}?account={own(w)}", body),
+        Probe(method, lambda w: f"{path}?account={team(w)}", body),
+    ]
+
+
+def _card_probes(method: str, suffix: str, body=None) -> list[Probe]:
+    return [
+        Probe(method, lambda w: f"/api/v1/cards/{w.alice_card.id}{suffix}", body),
+        Probe(method, lambda w: f"/api/v1/cards/{w.alice_card.id}{suffix}?account={own(w)}", body),
+        Probe(method, lambda w: f"/api/v1/cards/{w.team_card.id}{suffix}?account={team(w)}", body),
+        # a member of the team asks for the team's card on their own account: it is not there
+        Probe(method, lambda w: f"/api/v1/cards/{w.team_card.id}{suffix}", body, who="bob"),
+    ]
+
+
+def _session_probes(method: str, suffix: str, body=None) -> list[Probe]:
+    return [
+        Probe(method, lambda w: f"/api/v1/sessions/{w.alice_session.id}{suffix}", body),
+        # the team's owner does not see a member's notebook, though the team pays for it
+        Probe(method, lambda w: f"/api/v1/sessions/{w.bob_team_session.id}{suffix}", body, who="alice"),
+        # nor does a fellow member see the owner's
+        Probe(method, lambda w: f"/api/v1/sessions/{w.alice_session.id}{suffix}", body, who="bob"),
+    ]
+
+
+def _staff_probes(method: str, url, body=None) -> list[Probe]:
+    return [Probe(method, url, body, expect=403), Probe(method, url, body, expect=403, who="bob")]
+
+
+LAUNCH = {"gpu_model": A100, "profile": "1/8", "environment": ENV}
+QUOTA = {"limits": {"max_sessions": 99}, "reason": "intruder"}
+
+# Listing endpoints answer the caller's own objects (status 200): the check is that none of alice's
+# data is in them. Everything else names an object the caller may not reach.
+MATRIX: dict[tuple[str, str], list[Probe]] = {
+    ("GET", "/api/v1/me"): [Probe("GET", lambda w: "/api/v1/me", expect=200)],
+    ("GET", "/api/v1/tokens"): [Probe("GET", lambda w: "/api/v1/tokens", expect=200, expect_with_token=403)],
+    ("POST", "/api/v1/tokens"): [
+        Probe(
+            "POST",
+            lambda w: "/api/v1/tokens",
+            lambda w: {"name": "mine", "scopes": ["read"]},
+            expect=201,
+            expect_with_token=403,
+        )
+    ],
+    ("DELETE", "/api/v1/tokens/{token_id}"): _stranger_probes(
+        "DELETE", lambda w: f"/api/v1/tokens/{w.alice_token.id}", expect_with_token=403
+    ),
+    ("GET", "/api/v1/wallet"): _account_probes("GET", "/api/v1/wallet")
+    + [Probe("GET", lambda w: "/api/v1/wallet", expect=200)],
+    ("GET", "/api/v1/ledger"): _account_probes("GET", "/api/v1/ledger")
+    + [Probe("GET", lambda w: "/api/v1/ledger", expect=200)],
+    ("POST", "/api/v1/wallet/topups"): _account_probes(
+        "POST", "/api/v1/wallet/topups", lambda w: {"amount_micros": 5_000_000}
+    ),
+    ("GET", "/api/v1/cards"): _account_probes("GET", "/api/v1/cards")
+    + [Probe("GET", lambda w: "/api/v1/cards", expect=200)],
+    ("POST", "/api/v1/cards/redeem"): _account_probes(
+        "POST", "/api/v1/cards/redeem", lambda w: {"code": w.spare_code}
+    ),
+    ("GET", "/api/v1/cards/{card_id}"): _card_probes("GET", ""),
+    ("POST", "/api/v1/cards/{card_id}/split"): _card_probes(
+        "POST", "/split", lambda w: {"parts": ["1", "1"]}
+    ),
+    ("POST", "/api/v1/cards/{card_id}/gift"): _card_probes("POST", "/gift"),
+    ("POST", "/api/v1/cards/{card_id}/revoke"): _card_probes("POST", "/revoke"),
+    ("GET", "/api/v1/catalog"): [Probe("GET", lambda w: "/api/v1/catalog", expect=200)],
+    ("GET", "/api/v1/quota"): [Probe("GET", lambda w: "/api/v1/quota", expect=200)],
+    ("GET", "/api/v1/sessions"): [
+        Probe("GET", lambda w: "/api/v1/sessions", expect=200),
+        Probe("GET", lambda w: "/api/v1/sessions", expect=200, who="bob"),
+    ],
+    ("POST", "/api/v1/sessions"): [
+        Probe("POST", lambda w: "/api/v1/sessions", lambda w: {**LAUNCH, "account": own(w)}),
+        Probe("POST", lambda w: "/api/v1/sessions", lambda w: {**LAUNCH, "account": team(w)}),
+    ],
+    ("GET", "/api/v1/sessions/{session_id}"): _session_probes("GET", ""),
+    ("GET", "/api/v1/sessions/{session_id}/events"): _session_probes("GET", "/events"),
+    ("GET", "/api/v1/sessions/{session_id}/metrics"): _session_probes("GET", "/metrics"),
+    ("POST", "/api/v1/sessions/{session_id}/stop"): _session_probes(
+        "POST", "/stop", lambda w: {"reason": "x"}
+    ),
+    ("GET", "/api/v1/admin/nodes"): _staff_probes("GET", lambda w: "/api/v1/admin/nodes"),
+    ("POST", "/api/v1/admin/nodes"): _staff_probes(
+        "POST", lambda w: "/api/v1/admin/nodes", lambda w: {"name": "rogue", "address": "http://10.0.0.9:1"}
+    ),
+    ("POST", "/api/v1/admin/nodes/{node_id}/{action}"): _staff_probes(
+        "POST", lambda w: f"/api/v1/admin/nodes/{w.node.id}/drain", lambda w: {"reason": "x"}
+    ),
+    ("GET", "/api/v1/admin/quotas"): _staff_probes("GET", lambda w: "/api/v1/admin/quotas"),
+    ("PUT", "/api/v1/admin/quotas"): _staff_probes(
+        "PUT", lambda w: "/api/v1/admin/quotas", lambda w: {**QUOTA, "user": w.mallory.pk}
+    ),
+}
+
+PROBES = [
+    pytest.param(endpoint, index, id=f"{endpoint[0]} {endpoint[1]} #{index}")
+    for endpoint, probes in MATRIX.items()
+    for index in range(len(probes))
+]
+
+
+def test_every_api_endpoint_is_in_the_matrix():
+    endpoints = api_endpoints()
+    missing = sorted(endpoints - set(MATRIX))
+    assert not missing, f"endpoints without a row in the authorisation matrix: {missing}"
+    stale = sorted(set(MATRIX) - endpoints)
+    assert not stale, f"matrix rows for endpoints that no longer exist: {stale}"
+
+
+def _client(world: World, who: str, auth: str) -> APIClient:
+    user = getattr(world, who)
+    client = APIClient()
+    if auth == "token":
+        _token, raw = access_token_create(user=user, name=f"{who}-probe", scopes=ALL_SCOPES)
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    else:
+        client.force_login(user)
+    return client
+
+
+def _call(client: APIClient, probe: Probe, world: World):
+    body = probe.body(world) if probe.body else None
+    method = getattr(client, probe.method.lower())
+    return method(probe.url(world), body, format="json") if body is not None else method(probe.url(world))
+
+
+@pytest.mark.parametrize("auth", ["session", "token"])
+@pytest.mark.parametrize(("endpoint", "index"), PROBES)
+def test_another_tenant_gets_nothing_and_changes_nothing(world, endpoint, index, auth):
+    probe = MATRIX[endpoint][index]
+    client = _client(world, probe.who, auth)
+    before = state_of_the_world()
+    response = _call(client, probe, world)
+    expected = probe.expect_with_token if auth == "token" and probe.expect_with_token else probe.expect
+    assert response.status_code == expected, response.content[:500]
+    text = response.content.decode()
+    for secret in world.secrets(probe.who):
+        assert secret not in text, f"{secret!r} leaked to {probe.who}"
+    if expected >= 400:
+        error = json.loads(text)["error"]
+        assert set(error) == {"code", "message", "fields"}
+    after = state_of_the_world()
+    if expected < 300 and probe.method != "GET":  # the caller's own object was made: only that changed
+        after["tokens"] = [t for t in after["tokens"] if t[0] in {t0 for t0, _ in before["tokens"]}]
+        after["audit"] = before["audit"]
+    assert after == before
+
+
+@pytest.mark.parametrize("auth", ["session", "token"])
+def test_a_team_member_may_pay_with_the_team_account(world, auth):
+    """The positive half of the role rows: a plain member launches on the team's account."""
+    client = _client(world, "bob", auth)
+    sessions = Session.objects.count()
+    response = client.post("/api/v1/sessions", {**LAUNCH, "account": team(world)}, format="json")
+    assert response.status_code == 201, response.content
+    assert Session.objects.count() == sessions + 1
+    assert response.json()["account"]["id"] == world.team.account_id
+    wallet = client.get(f"/api/v1/wallet?account={team(world)}")
+    assert wallet.status_code == 200 and wallet.json()["account"]["id"] == world.team.account_id
+
+
+def test_staff_reach_the_staff_endpoints(world):
+    client = _client(world, "staff", "session")
+    assert client.get("/api/v1/admin/nodes").status_code == 200
+    assert client.get("/api/v1/admin/quotas").status_code == 200
+    response = client.put("/api/v1/admin/quotas", {**QUOTA, "user": world.mallory.pk}, format="json")
+    assert response.status_code == 200, response.content
+
+
+def test_a_staff_users_read_token_cannot_change_staff_state(world):
+    """A token of a staff user is still only as strong as its scopes: no token scope covers the staff
+    writes, so a leaked token never enrols a node or changes a quota."""
+    _token, raw = access_token_create(user=world.staff, name="ops", scopes=ALL_SCOPES)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    before = state_of_the_world()
+    assert client.get("/api/v1/admin/nodes").status_code == 200
+    response = client.put("/api/v1/admin/quotas", {**QUOTA, "user": world.mallory.pk}, format="json")
+    assert response.status_code == 403, response.content
+    response = client.post(f"/api/v1/admin/nodes/{world.node.id}/drain", {"reason": "x"}, format="json")
+    assert response.status_code == 403, response.content
+    assert state_of_the_world() == before
