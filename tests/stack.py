@@ -26,7 +26,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def wait_for(predicate, *, timeout: float = 30.0, interval: float = 0.2, what: str = "condition"):
+def wait_for(predicate, timeout: float = 30.0, interval: float = 0.2, what: str = "condition"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()

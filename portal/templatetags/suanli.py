@@ -72,6 +72,18 @@ def duration(seconds: int | float | None) -> str:
     return _("%(d)d days") % {"d": hours // 24}
 
 
+def _chart(width: int, height: int, label: str, body: str) -> str:
+    """An SVG chart drawn by the server: scales to its box, labelled for screen readers."""
+    return format_html(
+        '<svg class="chart" viewBox="0 0 {} {}" role="img" aria-label="{}" preserveAspectRatio="none">'
+        "{}</svg>",
+        width,
+        height,
+        label,
+        body,
+    )
+
+
 @register.simple_tag
 def bar_chart(points: list[tuple[str, int]], height: int = 120, label: str = "") -> str:
     """A bar per (label, value); values are non-negative integers (micros, counts)."""
@@ -81,18 +93,10 @@ def bar_chart(points: list[tuple[str, int]], height: int = 120, label: str = "")
     for index, (name, value) in enumerate(points):
         bar_height = round(value / top * (height - 14))
         bars.append((index * 12 + 1, height - bar_height, max(bar_height, 0), f"{name}: {money(value)}"))
-    return format_html(
-        '<svg class="chart" viewBox="0 0 {} {}" role="img" aria-label="{}" '
-        'preserveAspectRatio="none">{}</svg>',
-        width,
-        height,
-        label,
-        format_html_join(
-            "",
-            '<rect x="{}" y="{}" width="10" height="{}" rx="2"><title>{}</title></rect>',
-            bars,
-        ),
-    )
+    return _chart(
+        width, height, label, format_html_join("", '<rect x="{}" y="{}" width="10" height="{}" rx="2">'
+        "<title>{}</title></rect>", bars)
+    )  # fmt: skip
 
 
 @register.simple_tag
@@ -117,16 +121,10 @@ def line_chart(
             segments.append(current)
         for segment in segments:
             paths.append((f"series-{index}", " ".join(segment), name))
-    return format_html(
-        '<svg class="chart" viewBox="0 0 {} {}" role="img" aria-label="{}" '
-        'preserveAspectRatio="none">{}</svg>',
-        width,
-        height,
-        label,
-        format_html_join(
-            "", '<polyline class="{}" points="{}" fill="none"><title>{}</title></polyline>', paths
-        ),
-    )
+    return _chart(
+        width, height, label, format_html_join("", '<polyline class="{}" points="{}" fill="none">'
+        "<title>{}</title></polyline>", paths)
+    )  # fmt: skip
 
 
 @register.simple_tag

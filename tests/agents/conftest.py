@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,15 +16,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.stack import free_port, wait_for  # noqa: F401 - the agent tests import them from here
+
 REPO = Path(__file__).resolve().parents[2]
 CI_FLEET = REPO / "agents" / "fleets" / "ci-small.yaml"
 NODE_TOKEN = "node-token-0123456789abcdef"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def alive(pid: int) -> bool:
@@ -66,16 +61,6 @@ def processes_mentioning(text: str) -> set[int]:
             except OSError:
                 continue
     return found
-
-
-def wait_for(predicate, timeout: float = 30.0, interval: float = 0.2, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @dataclass
