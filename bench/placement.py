@@ -305,6 +305,7 @@ def database(*, launches: int, seed: int) -> None:
     )
     calls: list[float] = []  # the whole session_launch call, ms
     spans: list[float] = []  # its transaction: from the account lock to the commit, ms
+    cpu: list[float] = []  # this process's CPU in the call (Django and psycopg, not the server), ms
     queries: list[int] = []
     statements: list[tuple[float, str]] = []
 
@@ -318,6 +319,7 @@ def database(*, launches: int, seed: int) -> None:
         user = users[i % len(users)]
         statements.clear()
         with connection.execute_wrapper(record):
+            cpu_started = time.process_time()
             started = time.perf_counter()
             session = sessions.session_launch(
                 user=user,
@@ -330,6 +332,7 @@ def database(*, launches: int, seed: int) -> None:
                 idempotency_key=None,
             )
             calls.append((time.perf_counter() - started) * 1000)
+            cpu.append((time.process_time() - cpu_started) * 1000)
         # The first locking read opens the transaction; the last statement (refresh_from_db) follows the
         # commit.
         opened = next(at for at, sql in statements if "FOR NO KEY UPDATE" in sql or "FOR UPDATE" in sql)
@@ -357,7 +360,12 @@ def database(*, launches: int, seed: int) -> None:
             cursor.execute("SELECT 1")
             cursor.fetchone()
             round_trips.append((time.perf_counter() - started) * 1000)
-    for name, samples in (("transaction", spans), ("whole call", calls), ("SELECT 1", round_trips)):
+    for name, samples in (
+        ("transaction", spans),
+        ("whole call", calls),
+        ("client CPU", cpu),
+        ("SELECT 1", round_trips),
+    ):
         print(
             f"  {name:<12} ms: p50 {pct(samples, 0.5):6.2f}  p95 {pct(samples, 0.95):6.2f}  "
             f"p99 {pct(samples, 0.99):6.2f}  max {max(samples):6.2f}"

@@ -11,7 +11,7 @@ from django.db.models.functions import Now
 from django.utils.module_loading import import_string
 
 from billing.errors import NotFound
-from billing.models import Account, Card, Entry, LedgerAccount, Meter, Price
+from billing.models import Account, Card, Entry, LedgerAccount, Meter, Notification, Price
 
 
 @dataclass(frozen=True)
@@ -202,3 +202,8 @@ def card_detail(*, account: Account, card_id: int) -> dict:
         ],
         "lineage": card_lineage(card=card),
     }
+
+
+def notifications_unread(*, account: Account) -> QuerySet[Notification]:
+    """The account's unread notifications (card expiry reminders), newest first, for its pages."""
+    return Notification.objects.filter(account=account, read_at__isnull=True).order_by("-created_at", "-id")

@@ -205,7 +205,7 @@ class Injector:
             try:
                 wait_for(
                     lambda wall=wall: any(t > wall for t in self.traffic.ws.ok_at[-50:]),
-                    timeout=90,
+                    timeout=150,
                     interval=0.5,
                     what="a WebSocket round trip after the restart",
                 )

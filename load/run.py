@@ -50,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=int, default=60)
     parser.add_argument("--bench", choices=["run", "stored", "skip"], default="run")
     parser.add_argument("--report", type=Path, default=ROOT / "docs" / "PERFORMANCE.md")
+    parser.add_argument(
+        "--env", action="append", default=[], metavar="NAME=VALUE", help="extra environment for every process"
+    )
     args = parser.parse_args(argv)
     if importlib.util.find_spec("locust") is None:
         sys.stderr.write("load: locust is not installed: .venv/bin/pip install 'locust>=2.47,<3'\n")
@@ -68,7 +71,11 @@ def main(argv: list[str] | None = None) -> int:
             agent_http_timeout_seconds=10.0,
         ),
         # every simulated user launches and stops all the time: quotas are not what is measured here
-        extra_env={"QUOTA_DEFAULT_MAX_SESSIONS": "100000", "QUOTA_DEFAULT_MAX_EIGHTHS": "1000000"},
+        extra_env={
+            "QUOTA_DEFAULT_MAX_SESSIONS": "100000",
+            "QUOTA_DEFAULT_MAX_EIGHTHS": "1000000",
+            **dict(pair.split("=", 1) for pair in args.env),
+        },
     )
     try:
         _say(f"starting the stack under {stack.data_dir}")
@@ -110,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         load_average=load_average,
         benches=benches,
     )
-    errors = sum(row["errors"] for row in stats.values())
+    errors = sum(row["errors"] for name, row in stats.items() if name in ENDPOINTS)
     _say(f"report in {args.report}; {errors} errors")
     return 1 if errors else 0
 
@@ -165,9 +172,25 @@ def _locust(stack: Stack, plan_file: Path, *, users: int, seconds: int) -> dict[
                     "p50": float(row["50%"]),
                     "p95": float(row["95%"]),
                 }
+    stats["_connections"] = _connections(stack)
     failures = Path(f"{prefix}_failures.csv")
     stats["_failures"] = failures.read_text() if failures.exists() else ""
     return stats
+
+
+def _connections(stack: Stack) -> str:
+    """PostgreSQL connections by process right after the load (web, worker-0, …), and the ceiling."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT application_name, count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "GROUP BY 1 ORDER BY 2 DESC"
+        )
+        rows = cursor.fetchall()
+        cursor.execute("SHOW max_connections")
+        ceiling = cursor.fetchone()[0]
+    return ", ".join(f"{name or '?'} {n}" for name, n in rows) + f" (max_connections {ceiling})"
 
 
 def _benches(mode: str) -> list[dict]:
@@ -208,7 +231,7 @@ def _benches(mode: str) -> list[dict]:
     return found
 
 
-def _write(path: Path, *, stats, users, seconds, load_average, benches) -> None:
+def _write(path: Path, *, stats, users, seconds, load_average, benches, extra_env) -> None:
     now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         "# Performance",
@@ -224,7 +247,8 @@ def _write(path: Path, *, stats, users, seconds, load_average, benches) -> None:
         "agents on fake fleets; default intervals) on the embedded PostgreSQL and Redis. Each simulated user "
         "waits 0.5–1.5 s between requests and picks: the dashboard (weight 3), a Jupyter `api/status` GET "
         "through the proxy to one of four running sessions (weight 3), or a launch of a 1/8 A100 through "
-        "the API followed at once by its stop (weight 1). The load generator runs on the same 2 cores.",
+        "the API followed at once by its stop (weight 1). The load generator runs on the same 2 cores."
+        + (f" Extra environment: `{' '.join(extra_env)}`." if extra_env else ""),
         "",
         "| endpoint | requests | throughput (req/s) | p50 (ms) | p95 (ms) | errors |",
         "| --- | ---: | ---: | ---: | ---: | ---: |",
@@ -238,6 +262,10 @@ def _write(path: Path, *, stats, users, seconds, load_average, benches) -> None:
             )
         else:
             lines.append(f"| `{name}` | 0 | – | – | – | – |")
+    lines += [
+        "",
+        f"PostgreSQL connections right after the load, by process: {stats.get('_connections', '?')}.",
+    ]
     if stats.get("_failures", "").count("\n") > 1:
         lines += ["", "Failures (locust):", "", "```text", stats["_failures"].strip(), "```"]
     lines += ["", "## Benchmarks (`bench/`)", ""]

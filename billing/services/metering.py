@@ -238,15 +238,16 @@ WITH om AS (
       AND (c.expires_at IS NULL OR c.expires_at > %(now)s)
       AND (c.gpu_models = '[]'::jsonb OR c.gpu_models ?| om.models)
     GROUP BY la.owner_id
-), low AS (
+), runway AS (
     SELECT om.account_id, om.unwarned, om.unsignalled,
            (CASE WHEN om.burn > 0 THEN COALESCE(cards.cards, 0) * 3600 / om.burn ELSE 0 END)
            + (COALESCE(money.money, 0) - om.accrued) * 3600 / om.price AS seconds
     FROM om LEFT JOIN money USING (account_id) LEFT JOIN cards USING (account_id)
+), low AS MATERIALIZED (
+    SELECT * FROM runway WHERE seconds <= %(warn)s
 )
 SELECT low.account_id, array_agg(m.session_ref ORDER BY m.id), low.seconds, low.unwarned, low.unsignalled
 FROM low JOIN billing_meter m ON m.account_id = low.account_id AND m.state = 'open'
-WHERE low.seconds <= %(warn)s
 GROUP BY low.account_id, low.seconds, low.unwarned, low.unsignalled
 """
 

@@ -324,7 +324,7 @@ def _try_take(session, gpu_model, request: Request, choice: Choice, *, skip_lock
         with transaction.atomic():
             device = (
                 _with_masks(_eligible_devices(gpu_model, request).filter(id=choice.device_id))
-                .select_for_update(skip_locked=skip_locked, of=("self",))
+                .select_for_update(skip_locked=skip_locked, of=("self",), no_key=True)
                 .first()
             )
             if device is None:
@@ -352,10 +352,12 @@ def allocation_place(*, session, gpu_model, profile):
     or None when nothing fits (the database's committed state has no fitting block, or every fitting
     one was taken by placements that committed first). Call inside the caller's transaction.
 
-    Locks: at most one device row at a time with SKIP LOCKED (each in a savepoint that releases it on a
-    miss); in the last round, every fitting device in id order, waiting. Never deadlocks with another
-    placement: the only device locks waited for are taken in id order, and a placement that holds a
-    device lock waits for no other.
+    Locks (``FOR NO KEY UPDATE``, as everywhere in the provisioner: foreign keys are checked at commit
+    with ``FOR KEY SHARE`` on the referenced device, which must not wait on a placement): at most one
+    device row at a time with SKIP LOCKED (each in a savepoint that releases it on a miss); in the last
+    round, every fitting device in id order, waiting. Never deadlocks with another placement or a
+    heartbeat (which locks its node's devices in id order too): the only device locks waited for are
+    taken in id order, and a placement that holds a device lock waits for no other.
     """
     from provisioner.models import Device
 

@@ -18,7 +18,8 @@ from billing.services.cards import card_batch_issue
 from billing.services.pricing import burn_rate_set, price_set
 from conftest import subprocess_env
 from portal.services import user_create
-from provisioner.models import Device, Environment, GpuModel, Session
+from provisioner.models import Environment, GpuModel, Session
+from provisioner.selectors import availability
 from provisioner.services.nodes import node_enroll
 from tests.stack import agent_get, start_agent, start_celery, start_web, wait_for
 
@@ -87,6 +88,14 @@ def _shoot(page, artifacts_dir, name: str) -> None:
     page.set_viewport_size(DESKTOP)
 
 
+def _log_in(page, username: str, password: str) -> None:
+    page.goto("/login/")
+    page.fill("input[name=username]", username)
+    page.fill("input[name=password]", password)
+    page.click("form button[type=submit]")
+    page.wait_for_url(re.compile(r"/dashboard/"))
+
+
 def _cost(page) -> str:
     return page.get_by_test_id("cost").inner_text()
 
@@ -94,7 +103,7 @@ def _cost(page) -> str:
 def test_invite_code_to_a_notebook_on_a_quarter_gpu_and_back(browser, stack, offer, artifacts_dir):
     web, agent = stack["web"], stack["agent"]
     wait_for(
-        lambda: Device.objects.filter(node=stack["node"], gpu_model__name=A100).exists(),
+        lambda: availability().get((A100, "1/4"), 0) > 0,
         timeout=30,
         what=f"the agent's first heartbeat\n{agent.tail()}\n{web.tail()}",
     )
@@ -155,14 +164,19 @@ def test_invite_code_to_a_notebook_on_a_quarter_gpu_and_back(browser, stack, off
     stranger = user_create(username="eve", email="eve@example.com", password="another-passphrase-7")
     other = browser.new_context(base_url=web.url)
     other_page = other.new_page()
-    other_page.goto("/login/")
-    other_page.fill("input[name=username]", stranger.username)
-    other_page.fill("input[name=password]", "another-passphrase-7")
-    other_page.click("form button[type=submit]")
-    other_page.wait_for_url(re.compile(r"/dashboard/"))
+    _log_in(other_page, stranger.username, "another-passphrase-7")
     assert other_page.goto(f"/jupyter/{session_id}/lab").status == 404
     assert other_page.goto(f"/sessions/{session_id}/").status == 404
     other.close()
+
+    user_create(username="ops", email="ops@example.com", password="operator-passphrase-9", is_staff=True)
+    staff = browser.new_context(base_url=web.url, viewport=DESKTOP)
+    staff_page = staff.new_page()
+    _log_in(staff_page, "ops", "operator-passphrase-9")
+    staff_page.goto("/operations/")
+    assert "node-e2e" in staff_page.content() and staff_page.locator(".slot.taken").count() == 2
+    _shoot(staff_page, artifacts_dir, "operations")
+    staff.close()
 
     page.bring_to_front()
     page.click("form[action$='/stop'] button[type=submit]")

@@ -101,7 +101,7 @@ class World:
             "alice",
             *(["skunkworks"] if who not in ("alice", "bob") else []),
             str(self.alice_session.id),
-            str(self.bob_team_session.id),
+            *([str(self.bob_team_session.id)] if who != "bob" else []),
             self.alice_token.prefix,
             self.alice_token.name,
         ]

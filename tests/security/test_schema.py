@@ -1,5 +1,11 @@
-"""Schemathesis against the served OpenAPI document, in-process through Django's WSGI app, with a personal
-access token that has every scope: no 5xx, every answer documented and shaped as the schema says."""
+"""Schemathesis against the served OpenAPI document (``/api/schema/``), in-process through Django's WSGI
+app, authenticated with a personal access token that has every scope: no 5xx, every status code
+documented, every answer shaped as the schema says. Bounded and derandomised: 20 examples per operation
+and generation mode, so the run is the same on every machine and stays around two minutes on two cores.
+
+The agents' heartbeat and the Stripe webhook have their own authentication and are left out of the
+user-token run; ``test_hardening`` sends them garbage.
+"""
 
 from __future__ import annotations
 
@@ -10,32 +16,40 @@ from django.core.signals import request_finished, request_started
 from django.core.wsgi import get_wsgi_application
 from django.db import close_old_connections
 from hypothesis import HealthCheck, settings
+from rest_framework.test import APIClient
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance, status_code_conformance
 
-from billing.services.cards import card_batch_issue
-from billing.services.cards import card_redeem
+from billing.services.cards import card_batch_issue, card_redeem
 from portal.services import access_token_create
 from tests.provisioner.conftest import make_catalog, make_node, make_user
 
 APP = get_wsgi_application()
 CONFIG = schemathesis.Config.from_dict(
     {
-        "generation": {"max-examples": 25, "deterministic": True, "database": "none"},
+        "generation": {"max-examples": 20, "deterministic": True, "database": "none"},
+        # The coverage phase (every boundary of every field) takes minutes here; fuzzing with positive
+        # and negative data finds the same classes of fault within the bound.
         "phases": {"coverage": {"enabled": False}, "stateful": {"enabled": False}},
     }
 )
 schema = schemathesis.openapi.from_wsgi("/api/schema/?format=json", APP, config=CONFIG)
-# Their own authentication: the agents' heartbeat (a node token) and the Stripe webhook (a signature,
-# not in the schema). test_hardening sends them garbage.
 user_schema = schema.exclude(path="/api/agent/heartbeat")
 
 CHECKS = [not_a_server_error, response_schema_conformance, status_code_conformance]
 
+# Findings in files owned elsewhere, reported to their owners: the answer does not match its documented
+# shape. For these operations the fuzzer still checks for 5xx and undocumented codes; the test below each
+# entry fails once the schema is fixed, so the entry is removed with the fix.
+SHAPE_KNOWN_WRONG = {
+    ("GET", "/api/v1/sessions"): "provisioner/api.py SessionListView: documented as a bare list, "
+    "answers a LimitOffset page {count, next, previous, results}",
+}
+
 
 @pytest.fixture
 def in_process_requests():
-    """Django's test client does this too: the WSGI app must not close the test's connection mid-test."""
+    """As Django's test client does: the WSGI app must not close the test's connection mid-test."""
     request_started.disconnect(close_old_connections)
     request_finished.disconnect(close_old_connections)
     yield
@@ -45,6 +59,7 @@ def in_process_requests():
 
 @pytest.fixture
 def token_headers(db, in_process_requests, settings):
+    """A user with money, a redeemed card and a node to launch on, and a token with every scope."""
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     cache.clear()
     make_catalog()
@@ -57,12 +72,33 @@ def token_headers(db, in_process_requests, settings):
 
 
 @user_schema.parametrize()
-@settings(
-    max_examples=25,
-    derandomize=True,
-    deadline=2000,
-    suppress_health_check=list(HealthCheck),
-)
+@settings(max_examples=20, derandomize=True, deadline=3000, suppress_health_check=list(HealthCheck))
 def test_api_answers_as_documented(case, token_headers):
     cache.clear()  # the fuzzer is not testing the throttles
-    case.call_and_validate(headers=token_headers, checks=CHECKS)
+    checks = CHECKS
+    if (case.method.upper(), case.path) in SHAPE_KNOWN_WRONG:
+        checks = [not_a_server_error, status_code_conformance]
+    case.call_and_validate(headers=token_headers, checks=checks)
+
+
+@pytest.mark.django_db
+def test_the_served_schema_names_the_token_scheme_and_the_error_body():
+    document = APIClient().get("/api/schema/?format=json").json()
+    assert document["components"]["securitySchemes"]["tokenAuth"] == {
+        "type": "http",
+        "scheme": "bearer",
+        "description": document["components"]["securitySchemes"]["tokenAuth"]["description"],
+    }
+    assert "Error" in document["components"]["schemas"]
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            assert "401" in operation["responses"], (method, path)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("operation", sorted(SHAPE_KNOWN_WRONG), ids=" ".join)
+@pytest.mark.xfail(strict=True, reason="reported to the owner; remove from SHAPE_KNOWN_WRONG once fixed")
+def test_known_shape_findings_are_still_there(operation, token_headers):
+    method, path = operation
+    response = schema[path][method].Case(headers=token_headers).call()
+    schema[path][method].validate_response(response)
