@@ -150,3 +150,13 @@ def start_celery(kind: str, log_dir: Path, *, env: dict) -> Process:
     else:
         command += ["--schedule", str(log_dir / f"beat-{time.monotonic_ns()}")]
     return _spawn(f"celery-{kind}", command, env=env, log_dir=log_dir)
+
+
+def delete_workloads(agent: Process) -> None:
+    """End every workload on the agent (test teardown: the agent itself leaves them running)."""
+    headers = {"Authorization": f"Bearer {agent.extra['token']}"}
+    with contextlib.suppress(httpx.HTTPError, ValueError, KeyError, AssertionError):
+        listed = agent_get(agent, "/v1/workloads").json()
+        for workload in listed.get("workloads", listed) if isinstance(listed, dict) else listed:
+            httpx.delete(f"{agent.url}/v1/workloads/{workload['session_id']}", headers=headers, timeout=15)
+        wait_for(lambda: agent_get(agent, "/v1/health").json()["workloads"] == 0, 20, 0.5, "workloads gone")

@@ -228,11 +228,12 @@ def _place(session: Session, *, model: GpuModel | None, profile: Profile) -> boo
             "slot_count": allocation.slot_count,
             "sharing_policy": policy,
         }
-    where = f" on {fields['node'].name}" if "node" in fields else ""
+    where = f" on {fields['node'].name}" if "node" in fields else f" on {device.node.name}"
     if (
         _transition(session.id, from_states=[S.QUEUED], to=S.PLACING, reason=f"Placed{where}", **fields)
         is None
     ):
+        allocation_free(session_id=session.id)  # stopped or cancelled meanwhile: give the slots back
         return False
     _queue_start(session.id)
     return True

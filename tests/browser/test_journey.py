@@ -21,7 +21,7 @@ from portal.services import user_create
 from provisioner.models import Environment, GpuModel, Session
 from provisioner.selectors import availability
 from provisioner.services.nodes import node_enroll
-from tests.stack import agent_get, start_agent, start_celery, start_web, wait_for
+from tests.stack import agent_get, delete_workloads, start_agent, start_celery, start_web, wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -52,6 +52,9 @@ def stack(tmp_path):
         processes.append(agent)
         yield {"web": web, "agent": agent, "node": enrolment.node, "processes": processes}
     finally:
+        for process in processes:  # an agent leaves its workloads running when it stops: end them first
+            if process.name.startswith("agent") and process.alive():
+                delete_workloads(process)
         for process in reversed(processes):
             process.stop()
         for process in processes:
