@@ -295,13 +295,16 @@ def _record_workloads(node: Node, workloads: list[dict], now: datetime) -> None:
                 lifecycle.session_mark_running(session_id=sid, upstream=status.get("upstream") or "", at=now)
                 session.state = S.RUNNING
             if session.state == S.RUNNING:
-                alive.append(str(sid))
                 util = status.get("gpu_util_percent")
                 kernel_busy = bool(status.get("last_activity")) and _recent(status["last_activity"], now)
                 fields = {"last_alive_at": now, "gpu_util_percent": _small(util)}
                 if upstream := status.get("upstream"):
                     fields["upstream"] = upstream
-                Session.objects.filter(id=sid, state=S.RUNNING).update(**fields)
+                # The meter follows the session: a stop that lands between our read and this update
+                # leaves both at the last time the session was seen alive while running.
+                if not Session.objects.filter(id=sid, state=S.RUNNING).update(**fields):
+                    continue
+                alive.append(str(sid))
                 if kernel_busy or (util is not None and util >= settings.SESSION_IDLE_GPU_PERCENT):
                     active.append(sid)
         elif state == "starting":
