@@ -163,6 +163,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
         "teams": team_list_for_user(user=request.user),
         "spend": daily_spend(account=account),
         "running": running_sessions(user=request.user),
+        "notifications": billing_selectors.notifications_unread(account=account)[:10],
     }
     return render(request, "portal/dashboard.html", context)
 

@@ -64,3 +64,14 @@ def test_a_member_cannot_set_caps(team):
     )
     assert "Only the team" in response.content.decode()
     assert not Quota.objects.filter(user=lead, account=team.account).exists()
+
+
+def test_the_dashboard_shows_card_expiry_reminders(team):
+    from billing.models import Notification
+
+    _team, lead, _student = team
+    Notification.objects.create(
+        account=lead.account, kind="card_expiry", message="Your card expires tomorrow.", dedupe_key="t-1"
+    )
+    page = _login(lead).get("/dashboard/").content.decode()
+    assert 'data-testid="notifications"' in page and "Your card expires tomorrow." in page
