@@ -387,23 +387,10 @@ class User:
 
 def seed_catalog() -> None:
     from billing.services.pricing import burn_rate_set, price_set
-    from provisioner.demo import GPU_MODELS, PROFILES
-    from provisioner.models import Environment, GpuModel, Profile
+    from provisioner.demo import seed_hardware
+    from provisioner.models import Environment
 
-    for name, kind, eighths, quota in PROFILES:
-        Profile.objects.get_or_create(
-            name=name, defaults={"kind": kind, "eighths": eighths, "quota_eighths": quota}
-        )
-    for name, memory_mib, tflops, profiles, nvml_names in GPU_MODELS:
-        GpuModel.objects.update_or_create(
-            name=name,
-            defaults={
-                "memory_mib": memory_mib,
-                "peak_tflops": tflops,
-                "profiles": profiles,
-                "nvml_names": nvml_names,
-            },
-        )
+    seed_hardware()
     Environment.objects.update_or_create(
         name=ENVIRONMENT, defaults={"python": sys.executable, "cpu_cores": 1.0, "memory_mib": 4096}
     )

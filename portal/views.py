@@ -282,3 +282,13 @@ class ThrottledLoginView(LoginView):
     def form_valid(self, form):
         cache.delete_many(_login_failure_keys(self.request))
         return super().form_valid(form)
+
+
+def not_found(request: HttpRequest, exception=None) -> HttpResponse:
+    """404 for a path no route matches: the API's standard error body under /api/, the page elsewhere."""
+    if request.path.startswith("/api/"):
+        body = {"error": {"code": "not_found", "message": "No such resource.", "fields": {}}}
+        return JsonResponse(body, status=404)
+    from django.views.defaults import page_not_found
+
+    return page_not_found(request, exception)

@@ -17,6 +17,7 @@ from rest_framework import permissions
 from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
 from billing.errors import ApplicationError, NotFound, ValidationFailed
@@ -344,7 +345,7 @@ def _nodes():
 
 
 class AdminNodeListView(APIView):
-    permission_classes = [StaffOnly]
+    permission_classes = [*api_settings.DEFAULT_PERMISSION_CLASSES, StaffOnly]  # scopes still apply
 
     @extend_schema(summary="Nodes and their devices (staff)", responses={200: io.NodeOut(many=True)})
     def get(self, request: Request) -> Response:
@@ -366,7 +367,7 @@ class AdminNodeListView(APIView):
 
 
 class AdminNodeActionView(APIView):
-    permission_classes = [StaffOnly]
+    permission_classes = [*api_settings.DEFAULT_PERMISSION_CLASSES, StaffOnly]  # scopes still apply
 
     @extend_schema(
         summary="Cordon, drain or uncordon a node (staff)",
@@ -390,7 +391,7 @@ def quota_body(quota: Quota) -> dict:
 
 
 class AdminQuotaView(APIView):
-    permission_classes = [StaffOnly]
+    permission_classes = [*api_settings.DEFAULT_PERMISSION_CLASSES, StaffOnly]  # scopes still apply
 
     @extend_schema(summary="Every quota row (staff)", responses={200: io.QuotaOut(many=True)})
     def get(self, request: Request) -> Response:

@@ -1,6 +1,7 @@
 """The provisioner's part of the demo: GPU models matching the fake fleets (agents/fleets/node-a.yaml and
-node-b.yaml), profiles, a JupyterLab environment on this venv's Python, prices and card burn rates, and
-the nodes node-a and node-b with their tokens written where the Procfile's agents read them.
+node-b.yaml), profiles, a JupyterLab environment on this venv's Python, prices (card burn rates are
+billing's demo), and the nodes node-a and node-b with their tokens written where the Procfile's agents
+read them.
 
 Idempotent: a second run changes nothing that is already right, and never rotates a node token that
 is already on disk (the file is rewritten from the node's sealed token when they differ).
@@ -11,7 +12,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from billing.services.pricing import burn_multiplier_milli, burn_rate_set, price_set
+from billing.services.pricing import price_set
 from portal.demo import register_step
 from provisioner.management.commands.node import write_token_file
 from provisioner.models import Environment, GpuModel, Node, Profile
@@ -28,8 +29,6 @@ GPU_MODELS = [
 # micro-units of SITE_CURRENCY per hour of a whole card (slices pay their fraction); cpu: no GPU
 PRICES = [("A100-SXM4-80GB", "whole", 2_000_000), ("T4", "whole", 400_000), ("H200", "whole", 5_000_000)]
 CPU_PRICE = 50_000
-# card-hours burned per hour of a whole card, in thousandths (Colab-like: a T4 burns little, an H200 a lot)
-BURN_RATES = [("A100-SXM4-80GB", 2000), ("T4", 500), ("H200", 4000)]
 NODES = [("node-a", "http://127.0.0.1:8701"), ("node-b", "http://127.0.0.1:8702")]
 # Neither HAMi's libvgpu.so nor MPS is on a demo host: slices time-share (memory cap only).
 NODE_LABELS = {"sharing_policy": "best-effort"}
@@ -62,10 +61,8 @@ def _ensure_token_file(node: Node, path: Path) -> str:
     return "written"
 
 
-def seed(*, data_dir: Path | str) -> dict:
-    """Create or refresh the demo fleet; returns what it did (for the lines the demo prints)."""
-    data_dir = Path(data_dir)
-    done: dict = {"gpu_models": [], "prices": [], "nodes": {}}
+def seed_hardware() -> list[str]:
+    """The profiles and the GPU models of the fake fleets (also the chaos run's); returns the names."""
     for name, kind, eighths, quota in PROFILES:
         Profile.objects.get_or_create(
             name=name, defaults={"kind": kind, "eighths": eighths, "quota_eighths": quota}
@@ -80,7 +77,14 @@ def seed(*, data_dir: Path | str) -> dict:
                 "nvml_names": nvml_names,
             },
         )
-        done["gpu_models"].append(name)
+    return [name for name, *_ in GPU_MODELS]
+
+
+def seed(*, data_dir: Path | str) -> dict:
+    """Create or refresh the demo fleet; returns what it did (for the lines the demo prints)."""
+    data_dir = Path(data_dir)
+    done: dict = {"gpu_models": [], "prices": [], "nodes": {}}
+    done["gpu_models"] = seed_hardware()
     Environment.objects.update_or_create(
         name=ENVIRONMENT, defaults={"python": sys.executable, "image": "", "enabled": True}
     )
@@ -88,9 +92,6 @@ def seed(*, data_dir: Path | str) -> dict:
         if _current_price(gpu_model, profile) != micros:
             price_set(gpu_model=gpu_model, profile=profile, price_micros_per_hour=micros, reason="demo seed")
             done["prices"].append(f"{gpu_model or 'cpu'} {profile}")
-    for gpu_model, milli in BURN_RATES:
-        if burn_multiplier_milli(gpu_model=gpu_model) != milli:
-            burn_rate_set(gpu_model=gpu_model, multiplier_milli=milli, reason="demo seed")
     for name, address in NODES:
         path = data_dir / "agents" / name / "token"
         node = Node.objects.filter(name=name).first()

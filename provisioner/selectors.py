@@ -158,12 +158,7 @@ def availability() -> dict[tuple[str, str], int]:
 
 
 def _count_fits(index, request) -> int:
-    from provisioner.services.placement import FreeIndex
-
-    copy = FreeIndex()
-    for key, bucket in index._buckets.items():
-        for device_id in bucket:
-            copy.add(device_id, gpu_model=key[0], device_class=key[1], mask=key[2])
+    copy = index.copy()
     count = 0
     while (choice := copy.choose(request)) is not None and count < 1000:
         copy.occupy(choice)

@@ -8,273 +8,616 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('billing', '0002_initial'),
+        ("billing", "0002_initial"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='CardBatch',
+            name="CardBatch",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('label', models.CharField(blank=True, max_length=100)),
-                ('hours_micros', models.BigIntegerField()),
-                ('valid_days', models.PositiveIntegerField(blank=True, null=True)),
-                ('valid_until', models.DateTimeField(blank=True, null=True)),
-                ('gpu_models', models.JSONField(blank=True, default=list)),
-                ('splittable', models.BooleanField(default=True)),
-                ('max_parts', models.PositiveIntegerField(default=3)),
-                ('one_per_user', models.BooleanField(default=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('created_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("label", models.CharField(blank=True, max_length=100)),
+                ("hours_micros", models.BigIntegerField()),
+                ("valid_days", models.PositiveIntegerField(blank=True, null=True)),
+                ("valid_until", models.DateTimeField(blank=True, null=True)),
+                ("gpu_models", models.JSONField(blank=True, default=list)),
+                ("splittable", models.BooleanField(default=True)),
+                ("max_parts", models.PositiveIntegerField(default=3)),
+                ("one_per_user", models.BooleanField(default=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "created_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'verbose_name_plural': 'card batches',
+                "verbose_name_plural": "card batches",
             },
         ),
         migrations.CreateModel(
-            name='Card',
+            name="Card",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('hours_micros', models.BigIntegerField()),
-                ('gpu_models', models.JSONField(blank=True, default=list)),
-                ('max_parts', models.PositiveIntegerField(default=3)),
-                ('splittable', models.BooleanField(default=True)),
-                ('redeemed_at', models.DateTimeField(blank=True, null=True)),
-                ('expires_at', models.DateTimeField(blank=True, null=True)),
-                ('state', models.CharField(choices=[('unredeemed', 'Not redeemed'), ('active', 'Active'), ('gifted', 'Gifted, waiting for redemption'), ('expired', 'Expired'), ('revoked', 'Revoked'), ('spent', 'Given away')], default='unredeemed', max_length=12)),
-                ('reminded_days', models.JSONField(blank=True, default=list)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('gifted_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('owner', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='cards', to='billing.account')),
-                ('parent', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='parts', to='billing.card')),
-                ('redeemed_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('batch', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='cards', to='billing.cardbatch')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("hours_micros", models.BigIntegerField()),
+                ("gpu_models", models.JSONField(blank=True, default=list)),
+                ("max_parts", models.PositiveIntegerField(default=3)),
+                ("splittable", models.BooleanField(default=True)),
+                ("redeemed_at", models.DateTimeField(blank=True, null=True)),
+                ("expires_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("unredeemed", "Not redeemed"),
+                            ("active", "Active"),
+                            ("gifted", "Gifted, waiting for redemption"),
+                            ("expired", "Expired"),
+                            ("revoked", "Revoked"),
+                            ("spent", "Given away"),
+                        ],
+                        default="unredeemed",
+                        max_length=12,
+                    ),
+                ),
+                ("reminded_days", models.JSONField(blank=True, default=list)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "gifted_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "owner",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="cards",
+                        to="billing.account",
+                    ),
+                ),
+                (
+                    "parent",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="parts",
+                        to="billing.card",
+                    ),
+                ),
+                (
+                    "redeemed_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "batch",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="cards",
+                        to="billing.cardbatch",
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='CardBurnRate',
+            name="CardBurnRate",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('gpu_model', models.CharField(max_length=64)),
-                ('multiplier_milli', models.PositiveIntegerField()),
-                ('effective_from', models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("gpu_model", models.CharField(max_length=64)),
+                ("multiplier_milli", models.PositiveIntegerField()),
+                (
+                    "effective_from",
+                    models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
             ],
             options={
-                'indexes': [models.Index(fields=['gpu_model', '-effective_from'], name='billing_car_gpu_mod_199b57_idx')],
+                "indexes": [
+                    models.Index(
+                        fields=["gpu_model", "-effective_from"], name="billing_car_gpu_mod_199b57_idx"
+                    )
+                ],
             },
         ),
         migrations.CreateModel(
-            name='InviteCode',
+            name="InviteCode",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('code_hash', models.CharField(max_length=64, unique=True)),
-                ('used_at', models.DateTimeField(blank=True, null=True)),
-                ('expires_at', models.DateTimeField(blank=True, null=True)),
-                ('revoked_at', models.DateTimeField(blank=True, null=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('card', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='codes', to='billing.card')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("code_hash", models.CharField(max_length=64, unique=True)),
+                ("used_at", models.DateTimeField(blank=True, null=True)),
+                ("expires_at", models.DateTimeField(blank=True, null=True)),
+                ("revoked_at", models.DateTimeField(blank=True, null=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "card",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT, related_name="codes", to="billing.card"
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='LedgerAccount',
+            name="LedgerAccount",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('kind', models.CharField(choices=[('wallet', 'Wallet'), ('card', 'Compute card'), ('overdraft', 'Overdraft'), ('revenue', 'Revenue'), ('payment_clearing', 'Payment clearing'), ('adjustments', 'Adjustments'), ('promotions', 'Promotions'), ('card_burn', 'Card burn'), ('card_expiry', 'Card expiry')], max_length=24)),
-                ('unit', models.CharField(max_length=8)),
-                ('balance_micros', models.BigIntegerField(default=0)),
-                ('version', models.BigIntegerField(default=0)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('owner', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='ledger_accounts', to='billing.account')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[
+                            ("wallet", "Wallet"),
+                            ("card", "Compute card"),
+                            ("overdraft", "Overdraft"),
+                            ("revenue", "Revenue"),
+                            ("payment_clearing", "Payment clearing"),
+                            ("adjustments", "Adjustments"),
+                            ("promotions", "Promotions"),
+                            ("card_burn", "Card burn"),
+                            ("card_expiry", "Card expiry"),
+                        ],
+                        max_length=24,
+                    ),
+                ),
+                ("unit", models.CharField(max_length=8)),
+                ("balance_micros", models.BigIntegerField(default=0)),
+                ("version", models.BigIntegerField(default=0)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "owner",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="ledger_accounts",
+                        to="billing.account",
+                    ),
+                ),
             ],
         ),
         migrations.AddField(
-            model_name='card',
-            name='ledger_account',
-            field=models.OneToOneField(on_delete=django.db.models.deletion.PROTECT, related_name='card', to='billing.ledgeraccount'),
+            model_name="card",
+            name="ledger_account",
+            field=models.OneToOneField(
+                on_delete=django.db.models.deletion.PROTECT, related_name="card", to="billing.ledgeraccount"
+            ),
         ),
         migrations.CreateModel(
-            name='Meter',
+            name="Meter",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('session_ref', models.CharField(max_length=64, unique=True)),
-                ('gpu_model', models.CharField(blank=True, max_length=64)),
-                ('profile', models.CharField(max_length=32)),
-                ('price_id', models.BigIntegerField(blank=True, null=True)),
-                ('price_micros_per_hour', models.BigIntegerField()),
-                ('card_burn_micros_per_hour', models.BigIntegerField()),
-                ('started_at', models.DateTimeField()),
-                ('alive_until', models.DateTimeField()),
-                ('billed_until', models.DateTimeField()),
-                ('ended_at', models.DateTimeField(blank=True, null=True)),
-                ('billed_seconds', models.BigIntegerField(default=0)),
-                ('posted_seconds', models.BigIntegerField(default=0)),
-                ('card_seconds', models.BigIntegerField(default=0)),
-                ('wallet_seconds', models.BigIntegerField(default=0)),
-                ('charged_micros', models.BigIntegerField(default=0)),
-                ('card_charged_micros', models.BigIntegerField(default=0)),
-                ('accrued_micros', models.BigIntegerField(default=0)),
-                ('last_posted_at', models.DateTimeField(blank=True, null=True)),
-                ('runway_warned_at', models.DateTimeField(blank=True, null=True)),
-                ('exhausted_at', models.DateTimeField(blank=True, null=True)),
-                ('state', models.CharField(choices=[('open', 'Open'), ('closed', 'Closed')], default='open', max_length=8)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('account', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='meters', to='billing.account')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("session_ref", models.CharField(max_length=64, unique=True)),
+                ("gpu_model", models.CharField(blank=True, max_length=64)),
+                ("profile", models.CharField(max_length=32)),
+                ("price_id", models.BigIntegerField(blank=True, null=True)),
+                ("price_micros_per_hour", models.BigIntegerField()),
+                ("card_burn_micros_per_hour", models.BigIntegerField()),
+                ("started_at", models.DateTimeField()),
+                ("alive_until", models.DateTimeField()),
+                ("billed_until", models.DateTimeField()),
+                ("ended_at", models.DateTimeField(blank=True, null=True)),
+                ("billed_seconds", models.BigIntegerField(default=0)),
+                ("posted_seconds", models.BigIntegerField(default=0)),
+                ("card_seconds", models.BigIntegerField(default=0)),
+                ("wallet_seconds", models.BigIntegerField(default=0)),
+                ("charged_micros", models.BigIntegerField(default=0)),
+                ("card_charged_micros", models.BigIntegerField(default=0)),
+                ("accrued_micros", models.BigIntegerField(default=0)),
+                ("last_posted_at", models.DateTimeField(blank=True, null=True)),
+                ("runway_warned_at", models.DateTimeField(blank=True, null=True)),
+                ("exhausted_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[("open", "Open"), ("closed", "Closed")], default="open", max_length=8
+                    ),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "account",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="meters",
+                        to="billing.account",
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='Notification',
+            name="Notification",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('kind', models.CharField(max_length=32)),
-                ('message', models.CharField(max_length=300)),
-                ('dedupe_key', models.CharField(max_length=200, unique=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('read_at', models.DateTimeField(blank=True, null=True)),
-                ('account', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='notifications', to='billing.account')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("kind", models.CharField(max_length=32)),
+                ("message", models.CharField(max_length=300)),
+                ("dedupe_key", models.CharField(max_length=200, unique=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("read_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "account",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="notifications",
+                        to="billing.account",
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='Price',
+            name="Price",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('gpu_model', models.CharField(blank=True, max_length=64)),
-                ('profile', models.CharField(max_length=32)),
-                ('price_micros_per_hour', models.BigIntegerField()),
-                ('effective_from', models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('created_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("gpu_model", models.CharField(blank=True, max_length=64)),
+                ("profile", models.CharField(max_length=32)),
+                ("price_micros_per_hour", models.BigIntegerField()),
+                (
+                    "effective_from",
+                    models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "created_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='TopUp',
+            name="TopUp",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('amount_micros', models.BigIntegerField()),
-                ('currency', models.CharField(max_length=3)),
-                ('checkout_session_id', models.CharField(max_length=255, unique=True)),
-                ('checkout_url', models.URLField(blank=True, max_length=2000)),
-                ('state', models.CharField(choices=[('pending', 'Pending'), ('paid', 'Paid'), ('expired', 'Expired')], default='pending', max_length=8)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('paid_at', models.DateTimeField(blank=True, null=True)),
-                ('account', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='topups', to='billing.account')),
-                ('created_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("amount_micros", models.BigIntegerField()),
+                ("currency", models.CharField(max_length=3)),
+                ("checkout_session_id", models.CharField(max_length=255, unique=True)),
+                ("checkout_url", models.URLField(blank=True, max_length=2000)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[("pending", "Pending"), ("paid", "Paid"), ("expired", "Expired")],
+                        default="pending",
+                        max_length=8,
+                    ),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("paid_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "account",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="topups",
+                        to="billing.account",
+                    ),
+                ),
+                (
+                    "created_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='Transfer',
+            name="Transfer",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('amount_micros', models.BigIntegerField()),
-                ('unit', models.CharField(max_length=8)),
-                ('kind', models.CharField(choices=[('topup', 'Top-up'), ('usage', 'Usage'), ('card_burn', 'Card burn'), ('overdraft_recovery', 'Overdraft recovery'), ('adjustment', 'Adjustment'), ('promotion', 'Promotion'), ('card_issue', 'Card issue'), ('card_split', 'Card split'), ('card_revoke', 'Card revoke'), ('card_expire', 'Card expiry'), ('card_grant', 'Daily grant')], max_length=24)),
-                ('memo', models.CharField(blank=True, max_length=200)),
-                ('idempotency_key', models.CharField(max_length=200, unique=True)),
-                ('created_at', models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
-                ('actor', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('credit', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='credits', to='billing.ledgeraccount')),
-                ('debit', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='debits', to='billing.ledgeraccount')),
-                ('meter', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='transfers', to='billing.meter')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("amount_micros", models.BigIntegerField()),
+                ("unit", models.CharField(max_length=8)),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[
+                            ("topup", "Top-up"),
+                            ("usage", "Usage"),
+                            ("card_burn", "Card burn"),
+                            ("overdraft_recovery", "Overdraft recovery"),
+                            ("adjustment", "Adjustment"),
+                            ("promotion", "Promotion"),
+                            ("card_issue", "Card issue"),
+                            ("card_split", "Card split"),
+                            ("card_revoke", "Card revoke"),
+                            ("card_expire", "Card expiry"),
+                            ("card_grant", "Daily grant"),
+                        ],
+                        max_length=24,
+                    ),
+                ),
+                ("memo", models.CharField(blank=True, max_length=200)),
+                ("idempotency_key", models.CharField(max_length=200, unique=True)),
+                ("created_at", models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
+                (
+                    "actor",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "credit",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="credits",
+                        to="billing.ledgeraccount",
+                    ),
+                ),
+                (
+                    "debit",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="debits",
+                        to="billing.ledgeraccount",
+                    ),
+                ),
+                (
+                    "meter",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="transfers",
+                        to="billing.meter",
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='Entry',
+            name="Entry",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('amount_micros', models.BigIntegerField()),
-                ('balance_after_micros', models.BigIntegerField()),
-                ('account', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='entries', to='billing.ledgeraccount')),
-                ('transfer', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='entries', to='billing.transfer')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("amount_micros", models.BigIntegerField()),
+                ("balance_after_micros", models.BigIntegerField()),
+                (
+                    "account",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="entries",
+                        to="billing.ledgeraccount",
+                    ),
+                ),
+                (
+                    "transfer",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="entries",
+                        to="billing.transfer",
+                    ),
+                ),
             ],
             options={
-                'verbose_name_plural': 'entries',
+                "verbose_name_plural": "entries",
             },
         ),
         migrations.AddConstraint(
-            model_name='cardbatch',
-            constraint=models.CheckConstraint(condition=models.Q(('hours_micros__gt', 0)), name='batch_hours_positive'),
+            model_name="cardbatch",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("hours_micros__gt", 0)), name="batch_hours_positive"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='cardbatch',
-            constraint=models.CheckConstraint(condition=models.Q(('valid_days__isnull', False), ('valid_until__isnull', False), _connector='OR'), name='batch_has_validity'),
+            model_name="cardbatch",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    ("valid_days__isnull", False), ("valid_until__isnull", False), _connector="OR"
+                ),
+                name="batch_has_validity",
+            ),
         ),
         migrations.AddIndex(
-            model_name='ledgeraccount',
-            index=models.Index(fields=['owner', 'kind'], name='billing_led_owner_i_bafabc_idx'),
+            model_name="ledgeraccount",
+            index=models.Index(fields=["owner", "kind"], name="billing_led_owner_i_bafabc_idx"),
         ),
         migrations.AddConstraint(
-            model_name='ledgeraccount',
-            constraint=models.CheckConstraint(condition=models.Q(models.Q(('kind__in', ['wallet', 'card']), _negated=True), ('balance_micros__gte', 0), _connector='OR'), name='ledger_floor_zero'),
+            model_name="ledgeraccount",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    models.Q(("kind__in", ["wallet", "card"]), _negated=True),
+                    ("balance_micros__gte", 0),
+                    _connector="OR",
+                ),
+                name="ledger_floor_zero",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='ledgeraccount',
-            constraint=models.CheckConstraint(condition=models.Q(models.Q(('kind', 'overdraft'), _negated=True), ('balance_micros__lte', 0), _connector='OR'), name='ledger_overdraft_ceiling_zero'),
+            model_name="ledgeraccount",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    models.Q(("kind", "overdraft"), _negated=True),
+                    ("balance_micros__lte", 0),
+                    _connector="OR",
+                ),
+                name="ledger_overdraft_ceiling_zero",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='ledgeraccount',
-            constraint=models.CheckConstraint(condition=models.Q(models.Q(('kind__in', ['wallet', 'overdraft']), _negated=True), ('owner__isnull', False), _connector='OR'), name='ledger_wallet_has_owner'),
+            model_name="ledgeraccount",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    models.Q(("kind__in", ["wallet", "overdraft"]), _negated=True),
+                    ("owner__isnull", False),
+                    _connector="OR",
+                ),
+                name="ledger_wallet_has_owner",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='ledgeraccount',
-            constraint=models.UniqueConstraint(condition=models.Q(('kind__in', ['wallet', 'overdraft'])), fields=('owner', 'kind', 'unit'), name='ledger_one_wallet_per_unit'),
+            model_name="ledgeraccount",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("kind__in", ["wallet", "overdraft"])),
+                fields=("owner", "kind", "unit"),
+                name="ledger_one_wallet_per_unit",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='ledgeraccount',
-            constraint=models.UniqueConstraint(condition=models.Q(('owner__isnull', True), models.Q(('kind', 'card'), _negated=True)), fields=('kind', 'unit'), name='ledger_one_system_account_per_unit'),
+            model_name="ledgeraccount",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("owner__isnull", True), models.Q(("kind", "card"), _negated=True)),
+                fields=("kind", "unit"),
+                name="ledger_one_system_account_per_unit",
+            ),
         ),
         migrations.AddIndex(
-            model_name='card',
-            index=models.Index(fields=['owner', 'state', 'expires_at'], name='billing_car_owner_i_069651_idx'),
+            model_name="card",
+            index=models.Index(
+                fields=["owner", "state", "expires_at"], name="billing_car_owner_i_069651_idx"
+            ),
         ),
         migrations.AddIndex(
-            model_name='card',
-            index=models.Index(fields=['state', 'expires_at'], name='billing_car_state_e83229_idx'),
+            model_name="card",
+            index=models.Index(fields=["state", "expires_at"], name="billing_car_state_e83229_idx"),
         ),
         migrations.AddIndex(
-            model_name='meter',
-            index=models.Index(condition=models.Q(('state', 'open')), fields=['account'], name='meter_open_by_account'),
+            model_name="meter",
+            index=models.Index(
+                condition=models.Q(("state", "open")), fields=["account"], name="meter_open_by_account"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='meter',
-            constraint=models.CheckConstraint(condition=models.Q(('posted_seconds__lte', models.F('billed_seconds'))), name='meter_posted_le_billed'),
+            model_name="meter",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("posted_seconds__lte", models.F("billed_seconds"))),
+                name="meter_posted_le_billed",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='meter',
-            constraint=models.CheckConstraint(condition=models.Q(('posted_seconds', django.db.models.expressions.CombinedExpression(models.F('card_seconds'), '+', models.F('wallet_seconds')))), name='meter_posted_split'),
+            model_name="meter",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    (
+                        "posted_seconds",
+                        django.db.models.expressions.CombinedExpression(
+                            models.F("card_seconds"), "+", models.F("wallet_seconds")
+                        ),
+                    )
+                ),
+                name="meter_posted_split",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='meter',
-            constraint=models.CheckConstraint(condition=models.Q(('card_burn_micros_per_hour__gte', 0), ('price_micros_per_hour__gte', 0)), name='meter_rates_nonnegative'),
+            model_name="meter",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("card_burn_micros_per_hour__gte", 0), ("price_micros_per_hour__gte", 0)),
+                name="meter_rates_nonnegative",
+            ),
         ),
         migrations.AddIndex(
-            model_name='price',
-            index=models.Index(fields=['gpu_model', 'profile', '-effective_from'], name='billing_pri_gpu_mod_44536e_idx'),
+            model_name="price",
+            index=models.Index(
+                fields=["gpu_model", "profile", "-effective_from"], name="billing_pri_gpu_mod_44536e_idx"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='price',
-            constraint=models.CheckConstraint(condition=models.Q(('price_micros_per_hour__gte', 0)), name='price_nonnegative'),
+            model_name="price",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("price_micros_per_hour__gte", 0)), name="price_nonnegative"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='topup',
-            constraint=models.CheckConstraint(condition=models.Q(('amount_micros__gt', 0)), name='topup_amount_positive'),
+            model_name="topup",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("amount_micros__gt", 0)), name="topup_amount_positive"
+            ),
         ),
         migrations.AddIndex(
-            model_name='transfer',
-            index=models.Index(fields=['kind', 'created_at'], name='billing_tra_kind_0fbc20_idx'),
+            model_name="transfer",
+            index=models.Index(fields=["kind", "created_at"], name="billing_tra_kind_0fbc20_idx"),
         ),
         migrations.AddConstraint(
-            model_name='transfer',
-            constraint=models.CheckConstraint(condition=models.Q(('amount_micros__gt', 0)), name='transfer_amount_positive'),
+            model_name="transfer",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("amount_micros__gt", 0)), name="transfer_amount_positive"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='transfer',
-            constraint=models.CheckConstraint(condition=models.Q(('debit', models.F('credit')), _negated=True), name='transfer_two_sides'),
+            model_name="transfer",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("debit", models.F("credit")), _negated=True), name="transfer_two_sides"
+            ),
         ),
         migrations.AddIndex(
-            model_name='entry',
-            index=models.Index(fields=['account', '-id'], name='billing_ent_account_8fbf15_idx'),
+            model_name="entry",
+            index=models.Index(fields=["account", "-id"], name="billing_ent_account_8fbf15_idx"),
         ),
     ]

@@ -11,6 +11,7 @@ class Migration(migrations.Migration):
         migrations.RunSQL(
             "ALTER TABLE billing_meter SET (fillfactor = 50); "
             "ALTER TABLE billing_ledgeraccount SET (fillfactor = 70);",
-            "ALTER TABLE billing_meter RESET (fillfactor); ALTER TABLE billing_ledgeraccount RESET (fillfactor);",
+            "ALTER TABLE billing_meter RESET (fillfactor); "
+            "ALTER TABLE billing_ledgeraccount RESET (fillfactor);",
         ),
     ]

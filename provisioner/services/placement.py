@@ -135,13 +135,6 @@ class FreeIndex:
     def __contains__(self, device_id: int) -> bool:
         return device_id in self._where
 
-    @property
-    def _buckets(self) -> dict[tuple[str, str, int], list[int]]:
-        """A flat view {(model, class, mask): devices}; prefer ``copy()`` and ``devices()``."""
-        return {
-            (*pool, mask): bucket for pool, buckets in self._pools.items() for mask, bucket in buckets.items()
-        }
-
     def copy(self) -> FreeIndex:
         """An independent index with the same devices, masks and picks."""
         other = type(self)()

@@ -119,3 +119,10 @@ def test_a_stale_page_of_a_stopped_session_says_so_and_stop_again_is_harmless(
     assert session.state in (Session.State.STOPPING, Session.State.STOPPED)
     page = client.get(f"/sessions/{session.id}/").content.decode()
     assert "Open JupyterLab" not in page and "data-live-url" not in page or session.state == "stopping"
+
+
+def test_an_api_path_that_matches_no_route_answers_the_standard_error_body():
+    response = Client().get("/api/v1/cards/-1")
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "not_found"
+    assert Client().get("/no-such-page/").status_code == 404
