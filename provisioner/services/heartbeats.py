@@ -188,34 +188,49 @@ def _record_inventory(node: Node, inventory: dict, now: datetime) -> dict[str, D
         for d in Device.objects.select_for_update(of=("self",), no_key=True).filter(node=node).order_by("id")
     }
     by_uuid: dict[str, Device] = {}
-    for gpu in gpus:
-        device = existing.get(gpu["uuid"]) or Device(
-            node=node, uuid=gpu["uuid"], kind=Device.Kind.PHYSICAL, sharing_policy=_new_device_policy(node)
-        )
-        model = _model_for(gpu["name"], models)
-        device.index = gpu["index"]
-        device.nvml_name = gpu["name"][:100]
-        device.gpu_model = model
-        device.pci_bus_id = str(gpu.get("pci_bus_id") or "")[:32]
-        device.memory_mib = gpu["memory_total_mib"]
-        device.mig_mode = bool(gpu.get("mig_mode"))
-        device.health = gpu.get("health", "ok")
-        device.last_seen_at = now
-        device.save()
+    unchanged: list[int] = []
+
+    def upsert(device: Device, **fields) -> Device:
+        """Write the device only when the inventory changed it; the rest only get ``last_seen_at``."""
+        if device.pk is not None and all(getattr(device, k) == v for k, v in fields.items()):
+            unchanged.append(device.pk)
+        else:
+            for key, value in fields.items():
+                setattr(device, key, value)
+            device.last_seen_at = now
+            device.save()
         by_uuid[device.uuid] = device
+        return device
+
+    new_policy = _new_device_policy(node)
+    for gpu in gpus:
+        model = _model_for(gpu["name"], models)
+        model_id = model.pk if model else None
+        device = upsert(
+            existing.get(gpu["uuid"])
+            or Device(node=node, uuid=gpu["uuid"], kind=Device.Kind.PHYSICAL, sharing_policy=new_policy),
+            index=gpu["index"],
+            nvml_name=gpu["name"][:100],
+            gpu_model_id=model_id,
+            pci_bus_id=str(gpu.get("pci_bus_id") or "")[:32],
+            memory_mib=gpu["memory_total_mib"],
+            mig_mode=bool(gpu.get("mig_mode")),
+            health=gpu.get("health", "ok"),
+        )
         for mig in gpu.get("mig_devices", []):
-            child = existing.get(mig["uuid"]) or Device(node=node, uuid=mig["uuid"], kind=Device.Kind.MIG)
-            child.parent = device
-            child.index = device.index
-            child.gpu_model = model
-            child.nvml_name = device.nvml_name
-            child.mig_profile = mig["profile"][:32]
-            child.memory_mib = mig.get("memory_total_mib") or 0
-            child.health = device.health
-            child.sharing_policy = Device.Sharing.EXCLUSIVE
-            child.last_seen_at = now
-            child.save()
-            by_uuid[child.uuid] = child
+            upsert(
+                existing.get(mig["uuid"]) or Device(node=node, uuid=mig["uuid"], kind=Device.Kind.MIG),
+                parent_id=device.pk,
+                index=device.index,
+                gpu_model_id=model_id,
+                nvml_name=device.nvml_name,
+                mig_profile=mig["profile"][:32],
+                memory_mib=mig.get("memory_total_mib") or 0,
+                health=device.health,
+                sharing_policy=Device.Sharing.EXCLUSIVE,
+            )
+    if unchanged:
+        Device.objects.filter(id__in=unchanged).update(last_seen_at=now)
     gone = [d.id for u, d in existing.items() if u not in by_uuid and d.health != Device.Health.MISSING]
     if gone:
         Device.objects.filter(id__in=gone).update(health=Device.Health.MISSING)
