@@ -161,7 +161,7 @@ class SessionListView(APIView):
                 "state", str, many=True, enum=S.values, description="Only sessions in these states."
             )
         ],
-        responses={200: io.SessionOut(many=True)},
+        responses={200: io.SessionPageOut},
     )
     def get(self, request: Request) -> Response:
         states = {s for raw in request.query_params.getlist("state") for s in raw.split(",") if s}

@@ -130,6 +130,15 @@ class SessionOut(serializers.Serializer):
     jupyter_url = serializers.CharField(allow_null=True)
 
 
+class SessionPageOut(serializers.Serializer):
+    """A page of sessions (limit/offset)."""
+
+    count = serializers.IntegerField()
+    next = serializers.URLField(allow_null=True)
+    previous = serializers.URLField(allow_null=True)
+    results = SessionOut(many=True)
+
+
 class SessionDetailOut(SessionOut):
     last_alive_at = serializers.DateTimeField(allow_null=True)
     queue = QueueOut(allow_null=True)

@@ -38,14 +38,6 @@ user_schema = schema.exclude(path="/api/agent/heartbeat")
 
 CHECKS = [not_a_server_error, response_schema_conformance, status_code_conformance]
 
-# Findings in files owned elsewhere, reported to their owners: the answer does not match its documented
-# shape. For these operations the fuzzer still checks for 5xx and undocumented codes; the test below each
-# entry fails once the schema is fixed, so the entry is removed with the fix.
-SHAPE_KNOWN_WRONG = {
-    ("GET", "/api/v1/sessions"): "provisioner/api.py SessionListView: documented as a bare list, "
-    "answers a LimitOffset page {count, next, previous, results}",
-}
-
 
 @pytest.fixture
 def in_process_requests():
@@ -75,10 +67,7 @@ def token_headers(db, in_process_requests, settings):
 @settings(max_examples=20, derandomize=True, deadline=3000, suppress_health_check=list(HealthCheck))
 def test_api_answers_as_documented(case, token_headers):
     cache.clear()  # the fuzzer is not testing the throttles
-    checks = CHECKS
-    if (case.method.upper(), case.path) in SHAPE_KNOWN_WRONG:
-        checks = [not_a_server_error, status_code_conformance]
-    case.call_and_validate(headers=token_headers, checks=checks)
+    case.call_and_validate(headers=token_headers, checks=CHECKS)
 
 
 @pytest.mark.django_db
@@ -93,12 +82,3 @@ def test_the_served_schema_names_the_token_scheme_and_the_error_body():
     for path, operations in document["paths"].items():
         for method, operation in operations.items():
             assert "401" in operation["responses"], (method, path)
-
-
-@pytest.mark.django_db
-@pytest.mark.parametrize("operation", sorted(SHAPE_KNOWN_WRONG), ids=" ".join)
-@pytest.mark.xfail(strict=True, reason="reported to the owner; remove from SHAPE_KNOWN_WRONG once fixed")
-def test_known_shape_findings_are_still_there(operation, token_headers):
-    method, path = operation
-    response = schema[path][method].Case(headers=token_headers).call()
-    schema[path][method].validate_response(response)
