@@ -105,11 +105,10 @@ def _cost(page) -> str:
 
 def test_invite_code_to_a_notebook_on_a_quarter_gpu_and_back(browser, stack, offer, artifacts_dir):
     web, agent = stack["web"], stack["agent"]
-    wait_for(
-        lambda: availability().get((A100, "1/4"), 0) > 0,
-        timeout=30,
-        what=f"the agent's first heartbeat\n{agent.tail()}\n{web.tail()}",
-    )
+    try:
+        wait_for(lambda: availability().get((A100, "1/4"), 0) > 0, timeout=90, what="a free quarter A100")
+    except AssertionError as exc:  # the logs as they are when it gave up
+        raise AssertionError(f"{exc}\n--- agent\n{agent.tail()}\n--- web\n{web.tail()}") from None
     context = browser.new_context(base_url=web.url, viewport=DESKTOP)
     context.set_default_timeout(30_000)
     page = context.new_page()
