@@ -393,9 +393,9 @@ def heartbeat_record(*, node: Node, body) -> HeartbeatAnswer:
     was down comes back to the state it had). Safe to repeat.
     """
     body = heartbeat_validate(body)
-    now = timezone.now()
     with transaction.atomic():
         node = Node.objects.select_for_update(no_key=True).get(id=node.id)
+        now = timezone.now()  # after the lock: heartbeats of one node are recorded in time order
         devices = _record_inventory(node, body["inventory"], now)
         _record_metrics(body.get("metrics") or {}, devices, now)
         _record_workloads(node, body.get("workloads", []), now)

@@ -18,6 +18,7 @@ from billing.services.cards import card_batch_issue
 from billing.services.pricing import burn_rate_set, price_set
 from conftest import subprocess_env
 from portal.services import user_create
+from provisioner.demo import seed_hardware
 from provisioner.models import Environment, GpuModel, Session
 from provisioner.selectors import availability
 from provisioner.services.nodes import node_enroll
@@ -68,6 +69,7 @@ def node_enroll_address(node, url: str) -> None:
 
 @pytest.fixture
 def offer():
+    seed_hardware()  # profiles come from a migration, which an earlier transactional test's flush removed
     GpuModel.objects.update_or_create(
         name=A100,
         defaults={
@@ -108,7 +110,12 @@ def test_invite_code_to_a_notebook_on_a_quarter_gpu_and_back(browser, stack, off
     try:
         wait_for(lambda: availability().get((A100, "1/4"), 0) > 0, timeout=90, what="a free quarter A100")
     except AssertionError as exc:  # the logs as they are when it gave up
-        raise AssertionError(f"{exc}\n--- agent\n{agent.tail()}\n--- web\n{web.tail()}") from None
+        node = type(stack["node"]).objects.get(pk=stack["node"].pk)
+        devices = list(node.devices.values_list("uuid", "gpu_model__name", "health", "sharing_policy"))
+        raise AssertionError(
+            f"{exc}\nnode last heartbeat {node.last_heartbeat_at}, devices {devices}"
+            f"\n--- agent\n{agent.tail()}\n--- web\n{web.tail()}"
+        ) from None
     context = browser.new_context(base_url=web.url, viewport=DESKTOP)
     context.set_default_timeout(30_000)
     page = context.new_page()
