@@ -15,11 +15,12 @@ database half imports the models where it uses them.
 
 A decision costs at most 256 bucket look-ups, whatever the fleet size.
 
-``allocation_place`` is the database half: it reads candidates without locks, then tries them in
-preference order, each under ``SELECT … FOR UPDATE SKIP LOCKED`` in a savepoint that also reads that
-device's slots; after a few rounds it falls back to locking every fitting candidate in
-id order (never a deadlock: the only device locks waited for are taken in one order). The unique
-(device, slot) constraint is the final word.
+``allocation_place`` is the database half: it reads candidates without locks (before the caller's
+transaction, where it can), then tries them in preference order, each by ``SELECT … FOR UPDATE SKIP
+LOCKED`` on the device and one insert of the allocation and its slots that takes nothing when the block
+is taken, in a savepoint that gives the lock back on a miss; after a few rounds it falls back to locking
+every fitting candidate in id order (never a deadlock: the only device locks waited for are taken in one
+order). The unique (device, slot) constraint is the final word.
 """
 
 from __future__ import annotations
@@ -274,64 +275,107 @@ def _with_masks(devices):
     return devices.annotate(slot_mask=Coalesce(Subquery(per_device, output_field=IntegerField()), 0))
 
 
-def _index_of(gpu_model, devices) -> tuple[FreeIndex, dict[int, tuple[int, str]]]:
+@dataclass(frozen=True)
+class Slot:
+    """Where an eligible device is: what a placement needs besides the device id."""
+
+    node_id: int
+    node_name: str
+    kind: str
+    sharing_policy: str
+
+
+@dataclass(frozen=True)
+class Placed:
+    """The block an allocation took: the session row records these."""
+
+    allocation_id: int
+    device_id: int
+    slot_start: int
+    slot_count: int
+    where: Slot
+
+
+def _index_of(gpu_model, devices) -> tuple[FreeIndex, dict[int, Slot]]:
     rows = _with_masks(devices).values_list(
-        "id", "node_id", "kind", "sharing_policy", "mig_profile", "mig_mode", "slot_mask"
+        "id", "node_id", "node__name", "kind", "sharing_policy", "mig_profile", "mig_mode", "slot_mask"
     )
     index = FreeIndex()
-    meta: dict[int, tuple[int, str]] = {}
-    for device_id, node_id, kind, policy, mig_profile, mig_mode, mask in rows.order_by("id"):
+    meta: dict[int, Slot] = {}
+    for device_id, node_id, node_name, kind, policy, mig_profile, mig_mode, mask in rows.order_by("id"):
         cls = device_class(kind=kind, sharing_policy=policy, mig_profile=mig_profile, mig_mode=mig_mode)
         if cls is None:
             continue
         index.add(device_id, gpu_model=gpu_model.name, device_class=cls, mask=mask)
-        meta[device_id] = (node_id, policy)
+        meta[device_id] = Slot(node_id, node_name, kind, policy)
     return index, meta
 
 
-def free_index(*, gpu_model, devices=None) -> tuple[FreeIndex, dict[int, tuple[int, str]]]:
+def free_index(*, gpu_model, devices=None) -> tuple[FreeIndex, dict[int, Slot]]:
     """The index of eligible devices of one model as the database has them now (no locks), and for each
-    device its node id and sharing policy."""
+    device where it is (``Slot``)."""
     return _index_of(gpu_model, devices if devices is not None else _eligible_devices(gpu_model))
+
+
+# Insert the allocation and its slots in one statement, unless a slot of the block is taken. Run while
+# holding the device's row lock: every placement takes that lock before it inserts slots, so this
+# statement's snapshot (taken after the lock was granted) sees every slot committed on the device.
+_TAKE = """
+WITH allocation AS (
+    INSERT INTO provisioner_allocation (session_id, device_id, slot_start, slot_count, created_at)
+    SELECT %(session)s, %(device)s, %(start)s, %(count)s, statement_timestamp()
+    WHERE NOT EXISTS (
+        SELECT 1 FROM provisioner_allocationslot
+        WHERE device_id = %(device)s AND slot >= %(start)s AND slot < %(start)s + %(count)s
+    )
+    RETURNING id
+)
+INSERT INTO provisioner_allocationslot (allocation_id, device_id, slot)
+SELECT allocation.id, %(device)s, slot
+FROM allocation, generate_series(%(start)s, %(start)s + %(count)s - 1) AS slot
+RETURNING allocation_id
+"""
 
 
 class _Taken(Exception):
     pass
 
 
-def _try_take(session, gpu_model, request: Request, choice: Choice, *, skip_locked: bool):
-    """In a savepoint: lock the device (if still eligible) and read its slots in the same statement,
-    insert the allocation if the block is free. None when the device is locked by another placement
-    (with ``skip_locked``), no longer eligible, or the block was taken meanwhile; the savepoint's
-    rollback releases the lock.
+def _try_take(session_id, gpu_model, request: Request, choice: Choice, *, skip_locked: bool) -> int | None:
+    """In a savepoint: lock the device (if still eligible), then insert the allocation if the block is
+    free; the allocation's id, or None when the device is locked by another placement (with
+    ``skip_locked``), no longer eligible, or the block was taken meanwhile. A miss rolls the savepoint
+    back, which releases the device's lock: a placement holds no device lock while it tries another.
 
-    The slots are read in the locking statement's snapshot, so a placement that committed on this
-    device in the instant between that snapshot and the lock is not seen: the unique (device, slot)
-    constraint refuses the insert, and this returns None as for any other miss.
+    The insert runs after the lock is granted, so its snapshot sees every slot committed on the device
+    (see ``_TAKE``); the unique (device, slot) constraint is the last word.
     """
-    from django.db import IntegrityError, transaction
-
-    from provisioner.models import Allocation, AllocationSlot
+    from django.db import IntegrityError, connection, transaction
 
     try:
         with transaction.atomic():
-            device = (
-                _with_masks(_eligible_devices(gpu_model, request).filter(id=choice.device_id))
+            locked = (
+                _eligible_devices(gpu_model, request)
+                .filter(id=choice.device_id)
                 .select_for_update(skip_locked=skip_locked, of=("self",), no_key=True)
-                .first()
+                .values_list("id", flat=True)
             )
-            if device is None:
+            if not locked:
                 return None
-            if device.slot_mask & block_mask(choice.slot_start, choice.slot_count):
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    _TAKE,
+                    {
+                        "session": session_id,
+                        "device": choice.device_id,
+                        "start": choice.slot_start,
+                        "count": choice.slot_count,
+                    },
+                )
+                rows = cursor.fetchall()
+            if not rows:
                 raise _Taken
-            allocation = Allocation.objects.create(
-                session=session, device=device, slot_start=choice.slot_start, slot_count=choice.slot_count
-            )
-            AllocationSlot.objects.bulk_create(
-                AllocationSlot(allocation=allocation, device=device, slot=slot)
-                for slot in range(choice.slot_start, choice.slot_start + choice.slot_count)
-            )
-            return allocation
+            return rows[0][0]
     except (_Taken, IntegrityError):
         return None
 
@@ -340,17 +384,19 @@ SKIP_LOCKED_ROUNDS = 4
 TRIES_PER_ROUND = 16
 
 
-def allocation_place(*, session, gpu_model, profile):
-    """Give ``session`` the best free block for ``profile`` on ``gpu_model`` and return its Allocation,
-    or None when nothing fits (the database's committed state has no fitting block, or every fitting
-    one was taken by placements that committed first). Call inside the caller's transaction.
+def allocation_place(*, session_id, gpu_model, profile, index=None) -> Placed | None:
+    """Give session ``session_id`` the best free block for ``profile`` on ``gpu_model``, or None when
+    nothing fits (the database's committed state has no fitting block, or every fitting one was taken by
+    placements that committed first). Call inside the caller's transaction; the session row may be
+    inserted later in it (foreign keys are checked at commit). ``index`` is a ``free_index`` read before
+    the transaction, used for the first round.
 
     Locks (``FOR NO KEY UPDATE``, as everywhere in the provisioner: foreign keys are checked at commit
-    with ``FOR KEY SHARE`` on the referenced device, which must not wait on a placement): at most one
-    device row at a time with SKIP LOCKED (each in a savepoint that releases it on a miss); in the last
-    round, every fitting device in id order, waiting. Never deadlocks with another placement or a
-    heartbeat (which locks its node's devices in id order too): the only device locks waited for are
-    taken in id order, and a placement that holds a device lock waits for no other.
+    with ``FOR KEY SHARE`` on the referenced device, which must not wait on a placement): one device row
+    at a time with SKIP LOCKED; in the last round, every fitting device in id order, waiting. Never
+    deadlocks with another placement or a heartbeat (which locks its node's devices in id order too):
+    the only device locks waited for are taken in id order, and a placement that holds a device lock
+    waits for no other.
     """
     from provisioner.models import Device
 
@@ -358,13 +404,19 @@ def allocation_place(*, session, gpu_model, profile):
     policy = gpu_model.placement_policy
     eligible = _eligible_devices(gpu_model, request)
     for _round in range(SKIP_LOCKED_ROUNDS):
-        index, _meta = _index_of(gpu_model, eligible)
+        free, meta = index if index is not None and _round == 0 else _index_of(gpu_model, eligible)
         tried = 0
-        for choice in index.choices(request, policy):
+        for choice in free.choices(request, policy):
             tried += 1
-            allocation = _try_take(session, gpu_model, request, choice, skip_locked=True)
-            if allocation is not None:
-                return allocation
+            allocation_id = _try_take(session_id, gpu_model, request, choice, skip_locked=True)
+            if allocation_id is not None:
+                return Placed(
+                    allocation_id,
+                    choice.device_id,
+                    choice.slot_start,
+                    choice.slot_count,
+                    meta[choice.device_id],
+                )
             if tried >= TRIES_PER_ROUND:  # the rest are re-read next round
                 break
         if tried == 0:
@@ -373,11 +425,16 @@ def allocation_place(*, session, gpu_model, profile):
     locked = list(
         eligible.select_for_update(of=("self",), no_key=True).order_by("id").values_list("id", flat=True)
     )
-    index, _meta = _index_of(gpu_model, Device.objects.filter(id__in=locked))
-    choice = index.choose(request, policy)
+    free, meta = _index_of(gpu_model, Device.objects.filter(id__in=locked))
+    choice = free.choose(request, policy)
     if choice is None:
         return None
-    return _try_take(session, gpu_model, request, choice, skip_locked=False)
+    allocation_id = _try_take(session_id, gpu_model, request, choice, skip_locked=False)
+    if allocation_id is None:
+        return None
+    return Placed(
+        allocation_id, choice.device_id, choice.slot_start, choice.slot_count, meta[choice.device_id]
+    )
 
 
 def cpu_node_pick():

@@ -6,12 +6,14 @@ so one user's (and one account's) concurrent launches are checked one at a time.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from datetime import datetime
+from functools import reduce
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import CharField, Count, Sum
+from django.db.models import CharField, Count, Q, Sum
 from django.db.models.functions import Cast
 from django.utils import timezone
 
@@ -151,31 +153,64 @@ def _check(
         raise QuotaExceeded(f"{who} reached this month's spending cap.", code="quota_spend")
 
 
-def quota_admit(*, user, account: Account, gpu_model: str, profile: Profile, max_seconds: int) -> None:
-    """Raise QuotaExceeded unless one more session fits the user's, the team account's and the member's
-    limits. Reads only: the caller holds the account and user row locks."""
-    subjects = [(limits_for_user(user=user), Session.objects.filter(owner=user), "You", "have")]
+@dataclass(frozen=True)
+class Subject:
+    """One set of limits a launch must fit, and whose sessions count against it."""
+
+    limits: Limits
+    sessions: Q  # the sessions that count, as a filter on Session
+    who: str  # the subject of the message: "You", "This team"
+    has: str  # its verb: "have", "has"
+
+
+def quota_subjects(*, user, account: Account) -> list[Subject]:
+    """The limits a launch by ``user`` paying with ``account`` must fit: the user's, and for a team
+    account the team's and the member's. Read before the launch's transaction: quotas change only by an
+    admin's hand, and a change committed a moment later would have been read a moment later anyway."""
+    subjects = [Subject(limits_for_user(user=user), Q(owner=user), "You", "have")]
     if account.kind == Account.Kind.TEAM:
         subjects += [
-            (
-                limits_for_account(account=account),
-                Session.objects.filter(account=account),
-                "This team",
-                "has",
-            ),
-            (
+            Subject(limits_for_account(account=account), Q(account=account), "This team", "has"),
+            Subject(
                 limits_for_member(user=user, account=account),
-                Session.objects.filter(owner=user, account=account),
+                Q(owner=user, account=account),
                 "Your share of this team",
                 "has",
             ),
         ]
-    for limits, sessions, who, has in subjects:
+    return subjects
+
+
+def quota_admit(
+    *,
+    user,
+    account: Account,
+    gpu_model: str,
+    profile: Profile,
+    max_seconds: int,
+    subjects: list[Subject] | None = None,
+) -> None:
+    """Raise QuotaExceeded unless one more session fits every subject's limits (``quota_subjects``, read
+    now unless given). Reads only: the caller holds the account and user row locks. The live sessions
+    and eighths of every subject come from one query; this month's spend, only where a cap applies."""
+    if subjects is None:
+        subjects = quota_subjects(user=user, account=account)
+    live = Session.objects.filter(
+        reduce(operator.or_, (s.sessions for s in subjects)), state__in=Session.LIVE
+    )
+    totals = live.aggregate(
+        **{f"n{i}": Count("id", filter=s.sessions) for i, s in enumerate(subjects)},
+        **{f"e{i}": Sum("profile__quota_eighths", filter=s.sessions) for i, s in enumerate(subjects)},
+    )
+    for i, subject in enumerate(subjects):
+        spend = 0
+        if subject.limits.monthly_spend_cap_micros is not None:
+            spend = _usage(Session.objects.filter(subject.sessions)).spend_micros
         _check(
-            limits,
-            _usage(sessions, spend=limits.monthly_spend_cap_micros is not None),
-            who=who,
-            has=has,
+            subject.limits,
+            Usage(totals[f"n{i}"], totals[f"e{i}"] or 0, spend),
+            who=subject.who,
+            has=subject.has,
             gpu_model=gpu_model,
             profile=profile,
             max_seconds=max_seconds,

@@ -23,7 +23,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
@@ -31,8 +31,8 @@ from billing.errors import ApplicationError, NotFound, ValidationFailed
 from billing.models import Account
 from provisioner.models import Environment, GpuModel, Node, Profile, Session, SessionEvent
 from provisioner.sealing import new_token, seal
-from provisioner.services.placement import allocation_free, allocation_place, cpu_node_pick
-from provisioner.services.quotas import quota_admit
+from provisioner.services.placement import allocation_free, allocation_place, cpu_node_pick, free_index
+from provisioner.services.quotas import quota_admit, quota_subjects
 
 log = logging.getLogger("provisioner.sessions")
 S = Session.State
@@ -78,6 +78,17 @@ def _transition(
 
 
 # --- launch ------------------------------------------------------------------------------------------
+
+
+def _admission_lock(*, account_id: int, user_id: int) -> None:
+    """Lock the paying account's row, then the user's (the lock order), for an admission.
+
+    Plain statements: the ORM's ``select_for_update().first()`` compiles and fetches whole rows nobody
+    reads, a millisecond each on the launch's hot path."""
+    with connection.cursor() as cursor:
+        for model, pk in ((Account, account_id), (get_user_model(), user_id)):
+            table, column = model._meta.db_table, model._meta.pk.column  # names from the models, not input
+            cursor.execute(f"SELECT 1 FROM {table} WHERE {column} = %s FOR NO KEY UPDATE", [pk])  # noqa: S608
 
 
 def _catalog(
@@ -162,25 +173,37 @@ def session_launch(
     except NotFound:
         raise ValidationFailed(f"{model_name or 'cpu'} {profile} has no price yet.", code="unpriced")
 
+    subjects = quota_subjects(user=user, account=account)
+    candidates = free_index(gpu_model=model) if model is not None else None
+    session_id = uuid.uuid4()
     with transaction.atomic():
-        Account.objects.select_for_update(no_key=True).filter(id=account.id).first()
-        get_user_model().objects.select_for_update(no_key=True).filter(pk=user.pk).first()
+        _admission_lock(account_id=account.id, user_id=user.pk)
         if idempotency_key:
             existing = Session.objects.filter(owner=user, idempotency_key=idempotency_key).first()
             if existing is not None:
                 return existing
         quota_admit(
-            user=user, account=account, gpu_model=model_name, profile=profile_obj, max_seconds=max_seconds
+            user=user,
+            account=account,
+            gpu_model=model_name,
+            profile=profile_obj,
+            max_seconds=max_seconds,
+            subjects=subjects,
         )
         account_can_launch(account=account, quote=quote, gpu_model=model_name)
+        # Placed before the session row is written (its foreign keys are checked at commit), so a
+        # launch that finds room writes the session once, already placing.
+        placed = _placement(session_id, model=model, profile=profile_obj, candidates=candidates)
         now = timezone.now()
         session = Session.objects.create(
+            id=session_id,
             owner=user,
             account=account,
             gpu_model=model,
             profile=profile_obj,
             environment=env,
-            state=S.QUEUED,
+            state=S.PLACING if placed else S.QUEUED,
+            reason=placed["reason"] if placed else "",
             idempotency_key=idempotency_key or None,
             jupyter_token_sealed=seal(new_token()),
             price_id=quote.price_id,
@@ -191,46 +214,71 @@ def session_launch(
             queue_priority=priority,
             queue_max_wait_seconds=settings.QUEUE_MAX_WAIT_SECONDS,
             queued_at=now,
+            placed_at=now if placed else None,
+            **(placed["fields"] if placed else {}),
         )
-        session_event(session_id=session.id, kind="launch", message=f"Launched by {user}", to_state=S.QUEUED)
-        placed = _place(session, model=model, profile=profile_obj)
-        if not placed:
-            session_event(
-                session_id=session.id,
-                kind="queue",
-                message=f"No free {model_name} {profile} right now: waiting in the queue.",
+        events = [
+            SessionEvent(session=session, kind="launch", message=f"Launched by {user}", to_state=S.QUEUED)
+        ]
+        if placed:
+            events.append(
+                SessionEvent(
+                    session=session,
+                    kind="state",
+                    message=placed["reason"],
+                    from_state=S.QUEUED,
+                    to_state=S.PLACING,
+                )
             )
-    session.refresh_from_db()
+            _queue_start(session.id)
+        else:
+            events.append(
+                SessionEvent(
+                    session=session,
+                    kind="queue",
+                    message=f"No free {model_name} {profile} right now: waiting in the queue.",
+                )
+            )
+        SessionEvent.objects.bulk_create(events)
     return session
+
+
+def _placement(session_id, *, model: GpuModel | None, profile: Profile, candidates=None) -> dict | None:
+    """Take room for a session inside the caller's transaction: the session fields that record where it
+    runs and the reason to show, or None when nothing fits now. ``candidates``: a ``free_index`` read
+    before the transaction."""
+    if model is None:
+        node = cpu_node_pick()
+        if node is None:
+            return None
+        return {"fields": {"node": node}, "reason": f"Placed on {node.name}"}
+    placed = allocation_place(session_id=session_id, gpu_model=model, profile=profile, index=candidates)
+    if placed is None:
+        return None
+    policy = (
+        "exclusive"
+        if profile.kind in (Profile.Kind.WHOLE, Profile.Kind.MIG) or placed.where.kind == "mig"
+        else placed.where.sharing_policy
+    )
+    fields = {
+        "node_id": placed.where.node_id,
+        "device_id": placed.device_id,
+        "slot_start": placed.slot_start,
+        "slot_count": placed.slot_count,
+        "sharing_policy": policy,
+    }
+    return {"fields": fields, "reason": f"Placed on {placed.where.node_name}"}
 
 
 def _place(session: Session, *, model: GpuModel | None, profile: Profile) -> bool:
     """Place a queued session inside the caller's transaction; True when it moved to placing."""
-    if model is None:
-        node = cpu_node_pick()
-        if node is None:
-            return False
-        fields = {"node": node}
-    else:
-        allocation = allocation_place(session=session, gpu_model=model, profile=profile)
-        if allocation is None:
-            return False
-        device = allocation.device
-        policy = (
-            "exclusive"
-            if profile.kind in (Profile.Kind.WHOLE, Profile.Kind.MIG) or device.kind == "mig"
-            else device.sharing_policy
-        )
-        fields = {
-            "node_id": device.node_id,
-            "device": device,
-            "slot_start": allocation.slot_start,
-            "slot_count": allocation.slot_count,
-            "sharing_policy": policy,
-        }
-    where = f" on {fields['node'].name}" if "node" in fields else f" on {device.node.name}"
+    placed = _placement(session.id, model=model, profile=profile)
+    if placed is None:
+        return False
     if (
-        _transition(session.id, from_states=[S.QUEUED], to=S.PLACING, reason=f"Placed{where}", **fields)
+        _transition(
+            session.id, from_states=[S.QUEUED], to=S.PLACING, reason=placed["reason"], **placed["fields"]
+        )
         is None
     ):
         allocation_free(session_id=session.id)  # stopped or cancelled meanwhile: give the slots back
@@ -412,8 +460,7 @@ def queue_dispatch(*, now: datetime | None = None) -> int:
             continue
         try:
             with transaction.atomic():
-                Account.objects.select_for_update(no_key=True).filter(id=session.account_id).first()
-                get_user_model().objects.select_for_update(no_key=True).filter(pk=session.owner_id).first()
+                _admission_lock(account_id=session.account_id, user_id=session.owner_id)
                 if not Session.objects.filter(id=session.id, state=S.QUEUED).exists():
                     continue
                 quote = PriceQuote(

@@ -372,9 +372,9 @@ def test_a_block_taken_since_the_read_is_not_given_again(a100):
     profiles_ensure()
     first, second = session_row(user, model=a100), session_row(user, model=a100)
     request = Request(A100, "slice", 1)
-    assert placement._try_take(first, a100, request, Choice(gpu.id, 3, 1), skip_locked=True) is not None
-    assert placement._try_take(second, a100, request, Choice(gpu.id, 3, 1), skip_locked=True) is None
-    assert placement._try_take(second, a100, request, Choice(gpu.id, 2, 2), skip_locked=True) is None
+    assert placement._try_take(first.id, a100, request, Choice(gpu.id, 3, 1), skip_locked=True) is not None
+    assert placement._try_take(second.id, a100, request, Choice(gpu.id, 3, 1), skip_locked=True) is None
+    assert placement._try_take(second.id, a100, request, Choice(gpu.id, 2, 2), skip_locked=True) is None
     assert not Allocation.objects.filter(session=second).exists()
     assert slot_pairs() == [(gpu.id, 3)]
 
@@ -433,7 +433,7 @@ def test_the_database_places_as_the_in_process_index_decides(monkeypatch, action
                 continue
             session = session_row(user, profile=arg, model=model)
             expected = index.choose(placement.request_for(gpu_model=model, profile=session.profile), policy)
-            allocation = allocation_place(session=session, gpu_model=model, profile=session.profile)
+            allocation = allocation_place(session_id=session.id, gpu_model=model, profile=session.profile)
             if expected is None:
                 assert allocation is None
                 continue
