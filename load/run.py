@@ -116,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         seconds=args.seconds,
         load_average=load_average,
         benches=benches,
+        extra_env=args.env,
     )
     errors = sum(row["errors"] for name, row in stats.items() if name in ENDPOINTS)
     _say(f"report in {args.report}; {errors} errors")

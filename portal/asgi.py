@@ -10,6 +10,7 @@ import os
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+os.environ.setdefault("DATABASE_POOL_SIZE", "20")  # see portal/settings.py
 
 django_application = get_asgi_application()
 

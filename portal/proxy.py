@@ -84,9 +84,14 @@ Resolver = Callable[[str, str], Route | Refusal | None]
 
 
 def _default_resolver(django_session_key: str, session_id: str) -> Route | Refusal | None:
+    from django.db import close_old_connections
+
     from portal.selectors import jupyter_route
 
-    return jupyter_route(django_session_key=django_session_key, session_id=session_id)
+    try:
+        return jupyter_route(django_session_key=django_session_key, session_id=session_id)
+    finally:
+        close_old_connections()  # as the end of a request does: a pooled connection goes back to the pool
 
 
 class JupyterProxy:

@@ -44,6 +44,11 @@ try:
     LOG_LEVEL = env("LOG_LEVEL", "INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     _database_url = env("DATABASE_URL", "", database_url)
     _redis_url = env("REDIS_URL", "", redis_url)
+    # The ASGI web process runs each request's sync code in a thread of its own, so persistent
+    # connections there would be one per thread that ever ran (they exhausted PostgreSQL's 100 under 50
+    # users): it takes connections from a pool of this size instead (portal/asgi.py sets it). 0: one
+    # persistent connection per thread (Celery workers, beat, manage.py, tests).
+    DATABASE_POOL_SIZE = env("DATABASE_POOL_SIZE", 0)
 except ConfigError as exc:
     _fail(str(exc))
 
@@ -59,10 +64,12 @@ if not _database_url or not _redis_url:
     _redis_url = _redis_url or _embedded.redis_url
 
 
-def _database_from_url(url: str) -> dict:
+def _database_from_url(url: str, *, pool_size: int = 0) -> dict:
     parts = urlsplit(url)
-    query = {key: values[-1] for key, values in parse_qs(parts.query).items()}
+    query: dict = {key: values[-1] for key, values in parse_qs(parts.query).items()}
     host = query.pop("host", parts.hostname or "")
+    if pool_size > 0:
+        query["pool"] = {"min_size": 1, "max_size": pool_size, "timeout": 10}
     return {
         "ENGINE": "django.db.backends.postgresql",
         "NAME": unquote(parts.path.lstrip("/")) or "postgres",
@@ -70,7 +77,7 @@ def _database_from_url(url: str) -> dict:
         "PASSWORD": unquote(parts.password or ""),
         "HOST": host,
         "PORT": str(parts.port or ""),
-        "CONN_MAX_AGE": env("DATABASE_CONN_MAX_AGE", 60),
+        "CONN_MAX_AGE": 0 if pool_size > 0 else env("DATABASE_CONN_MAX_AGE", 60),
         "CONN_HEALTH_CHECKS": True,
         "OPTIONS": query,
         "TEST": {"NAME": f"test_{unquote(parts.path.lstrip('/')) or 'postgres'}"},
@@ -82,7 +89,7 @@ def celery_url(url: str) -> str:
     return "redis+socket://" + url.removeprefix("unix://") if url.startswith("unix://") else url
 
 
-DATABASES = {"default": _database_from_url(_database_url)}
+DATABASES = {"default": _database_from_url(_database_url, pool_size=DATABASE_POOL_SIZE)}
 REDIS_URL = _redis_url
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
