@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 PREFIX = "/jupyter/"
 ROUTE_CACHE_SECONDS = 2.0
+SMALL_BODY_BYTES = 64 * 1024  # a body this small is sent to the browser in one piece
 HOP_BY_HOP = {
     b"connection",
     b"keep-alive",
@@ -213,6 +214,11 @@ class JupyterProxy:
             if value is not None:
                 response_headers.append((name, value))
         await send({"type": "http.response.start", "status": upstream.status, "headers": response_headers})
+        length = upstream.header(b"content-length")
+        if length is not None and length.isdigit() and int(length) <= SMALL_BODY_BYTES:
+            # Most Jupyter API answers: one write of the whole body instead of a chunk and an empty end.
+            await send({"type": "http.response.body", "body": await upstream.read()})
+            return
         async for chunk in upstream.body:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b""})

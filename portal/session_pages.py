@@ -26,6 +26,7 @@ from billing.errors import ApplicationError, NotFound
 from billing.models import Account, Entry, LedgerAccount
 from portal.pages import _account
 from portal.selectors import accounts_payable_by
+from provisioner import messages as M
 from provisioner import selectors as prov_selectors
 from provisioner.models import SLOTS_PER_GPU, Device, DeviceSample, Node, Session
 
@@ -297,7 +298,7 @@ def session_stop_view(request: HttpRequest, session_id) -> HttpResponse:
 
     session = _session(request, session_id)
     try:
-        session_stop(session=session, actor=request.user, reason=_("from the session page"))
+        session_stop(session=session, actor=request.user, reason=M.FROM_SESSION_PAGE)
     except ApplicationError as exc:
         messages.error(request, exc.message)
     else:

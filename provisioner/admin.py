@@ -9,6 +9,7 @@ from django.contrib import admin, messages
 from django.utils.html import format_html, format_html_join
 
 from billing.errors import ApplicationError
+from provisioner import messages as M
 from provisioner import selectors
 from provisioner.models import (
     Allocation,
@@ -261,7 +262,7 @@ class SessionAdmin(ReadOnlyAdmin):
     def force_stop(self, request, queryset):
         stopped = 0
         for session in queryset.filter(state__in=Session.LIVE):
-            session_stop(session=session, actor=request.user, reason="forced by an admin")
+            session_stop(session=session, actor=request.user, reason=M.FORCED_BY_ADMIN)
             stopped += 1
         self.message_user(request, f"Asked {stopped} sessions to stop.", messages.SUCCESS)
 

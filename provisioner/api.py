@@ -22,6 +22,7 @@ from rest_framework.views import APIView
 
 from billing.errors import ApplicationError, NotFound, ValidationFailed
 from billing.models import Account
+from provisioner import messages as M
 from provisioner import selectors
 from provisioner import serializers as io
 from provisioner.models import DeviceSample, Node, Quota, Session, SessionEvent
@@ -235,7 +236,7 @@ class SessionStopView(APIView):
     def post(self, request: Request, session_id: str) -> Response:
         session = _session_for(request, session_id)
         fields = _valid(io.StopIn, request.data)
-        session_stop(session=session, actor=request.user, reason=fields["reason"] or "asked by its owner")
+        session_stop(session=session, actor=request.user, reason=fields["reason"] or M.ASKED_BY_OWNER)
         return Response(session_detail_body(_session_for(request, session_id)))
 
 

@@ -11,6 +11,8 @@ from django.conf import settings
 from django.utils import timezone
 
 from provisioner import agent_client
+from provisioner import messages as M
+from provisioner.messages import line
 from provisioner.models import Node, Session
 from provisioner.selectors import workload_spec
 from provisioner.services import sessions as lifecycle
@@ -50,12 +52,12 @@ def session_start_task(self, session_id: str) -> str:
     if session is None or session.state not in (S.PLACING, S.STARTING):
         return "skip"
     if _start_expired(session):
-        _fail_start(session, f"Jupyter did not start within {settings.SESSION_START_TIMEOUT_SECONDS} s")
+        _fail_start(session, line(M.START_TIMEOUT, seconds=settings.SESSION_START_TIMEOUT_SECONDS))
         return "timeout"
     try:
         agent_client.workload_put(session.node, workload_spec(session))
     except agent_client.AgentRefusal as exc:
-        _fail_start(session, f"The node refused the workload ({exc.code}): {exc.message}")
+        _fail_start(session, line(M.NODE_REFUSED, code=exc.code, why=exc.message))
         return "refused"
     except agent_client.AgentUnreachable as exc:
         log.warning("start %s: %s", session_id, exc)
@@ -72,7 +74,7 @@ def session_poll_task(self, session_id: str) -> str:
     if session is None or session.state not in (S.PLACING, S.STARTING):
         return "skip"
     if _start_expired(session):
-        _fail_start(session, f"Jupyter did not start within {settings.SESSION_START_TIMEOUT_SECONDS} s")
+        _fail_start(session, line(M.START_TIMEOUT, seconds=settings.SESSION_START_TIMEOUT_SECONDS))
         return "timeout"
     try:
         status = agent_client.workload_get(session.node, session_id)
@@ -86,7 +88,7 @@ def session_poll_task(self, session_id: str) -> str:
         lifecycle.session_mark_running(session_id=session.id, upstream=status.get("upstream") or "")
         return "running"
     if status.get("state") in ("exited", "failed"):
-        _fail_start(session, f"Jupyter could not start: {status.get('exit_reason') or status.get('state')}")
+        _fail_start(session, line(M.COULD_NOT_START, why=status.get("exit_reason") or status.get("state")))
         return "failed"
     self.apply_async((session_id,), countdown=POLL_SECONDS)
     return "waiting"
@@ -107,7 +109,7 @@ def session_stop_task(self, session_id: str) -> str:
         log.warning("stop %s: %s", session_id, exc)
         raise self.retry(countdown=_backoff(self.request.retries))
     lifecycle.session_end(
-        session_id=session.id, to=S.STOPPED, reason=session.reason or "Stopped", from_states=[S.STOPPING]
+        session_id=session.id, to=S.STOPPED, reason=session.reason or M.STOPPED, from_states=[S.STOPPING]
     )
     return "stopped"
 
@@ -140,5 +142,5 @@ def sessions_enforce_limits_task() -> dict:
     counts = lifecycle.sessions_enforce_limits()
     cutoff = timezone.now() - timedelta(seconds=settings.SESSION_START_TIMEOUT_SECONDS)
     for session in Session.objects.filter(state__in=[S.PLACING, S.STARTING], placed_at__lt=cutoff):
-        _fail_start(session, f"Jupyter did not start within {settings.SESSION_START_TIMEOUT_SECONDS} s")
+        _fail_start(session, line(M.START_TIMEOUT, seconds=settings.SESSION_START_TIMEOUT_SECONDS))
     return counts

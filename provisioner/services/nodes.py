@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from billing.audit import audit_record
 from billing.errors import Conflict, NotFound, ValidationFailed
+from provisioner import messages as M
 from provisioner.models import Device, Node, Session
 from provisioner.sealing import new_token, seal, token_hash, unseal
 
@@ -118,7 +119,7 @@ def node_set_state(*, node_id: int, action: str, actor=None, reason: str = "") -
         )
         if target == Node.State.DRAINING:
             for session in Session.objects.filter(node=node, state__in=Session.ON_NODE):
-                session_stop(session=session, actor=actor, reason=reason or "node drained by an admin")
+                session_stop(session=session, actor=actor, reason=reason or M.NODE_DRAINED)
     return node
 
 

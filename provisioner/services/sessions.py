@@ -29,6 +29,8 @@ from django.utils.module_loading import import_string
 
 from billing.errors import ApplicationError, NotFound, ValidationFailed
 from billing.models import Account
+from provisioner import messages as M
+from provisioner.messages import line
 from provisioner.models import Environment, GpuModel, Node, Profile, Session, SessionEvent
 from provisioner.sealing import new_token, seal
 from provisioner.services.placement import allocation_free, allocation_place, cpu_node_pick, free_index
@@ -218,7 +220,9 @@ def session_launch(
             **(placed["fields"] if placed else {}),
         )
         events = [
-            SessionEvent(session=session, kind="launch", message=f"Launched by {user}", to_state=S.QUEUED)
+            SessionEvent(
+                session=session, kind="launch", message=line(M.LAUNCHED_BY, user=user), to_state=S.QUEUED
+            )
         ]
         if placed:
             events.append(
@@ -236,7 +240,7 @@ def session_launch(
                 SessionEvent(
                     session=session,
                     kind="queue",
-                    message=f"No free {model_name} {profile} right now: waiting in the queue.",
+                    message=line(M.NO_ROOM, gpu_model=model_name, profile=profile),
                 )
             )
         SessionEvent.objects.bulk_create(events)
@@ -251,7 +255,7 @@ def _placement(session_id, *, model: GpuModel | None, profile: Profile, candidat
         node = cpu_node_pick()
         if node is None:
             return None
-        return {"fields": {"node": node}, "reason": f"Placed on {node.name}"}
+        return {"fields": {"node": node}, "reason": line(M.PLACED_ON, node=node.name)}
     placed = allocation_place(session_id=session_id, gpu_model=model, profile=profile, index=candidates)
     if placed is None:
         return None
@@ -267,7 +271,7 @@ def _placement(session_id, *, model: GpuModel | None, profile: Profile, candidat
         "slot_count": placed.slot_count,
         "sharing_policy": policy,
     }
-    return {"fields": fields, "reason": f"Placed on {placed.where.node_name}"}
+    return {"fields": fields, "reason": line(M.PLACED_ON, node=placed.where.node_name)}
 
 
 def _place(session: Session, *, model: GpuModel | None, profile: Profile) -> bool:
@@ -300,13 +304,13 @@ def session_stop(*, session: Session, actor, reason: str) -> Session:
     """Ask a session to stop. Queued: cancelled at once (→ stopped). On a node: → stopping, and the stop
     task deletes the workload on the agent after commit. Already stopping or ended: unchanged.
     Idempotent; a conditional update on the state, no locks held across the agent call."""
-    who = f" by {actor}" if getattr(actor, "pk", None) else ""
+    by = getattr(actor, "pk", None)
+    cancelled = line(M.CANCELLED_BY, actor=actor, why=reason) if by else line(M.CANCELLED, why=reason)
+    stopping = line(M.STOP_BY, actor=actor, why=reason) if by else line(M.STOP, why=reason)
     with transaction.atomic():
-        if _transition(session.id, from_states=[S.QUEUED], to=S.STOPPED, reason=f"Cancelled{who}: {reason}"):
+        if _transition(session.id, from_states=[S.QUEUED], to=S.STOPPED, reason=cancelled):
             pass
-        elif _transition(
-            session.id, from_states=list(Session.ON_NODE), to=S.STOPPING, reason=f"Stop{who}: {reason}"
-        ):
+        elif _transition(session.id, from_states=list(Session.ON_NODE), to=S.STOPPING, reason=stopping):
             from provisioner.tasks import session_stop_task
 
             sid = str(session.id)
@@ -358,12 +362,7 @@ def session_freed_after_gone(*, session_ids) -> int:
 
 def session_mark_starting(*, session_id) -> bool:
     """The agent accepted the workload spec."""
-    return (
-        _transition(
-            session_id, from_states=[S.PLACING], to=S.STARTING, reason="The agent is starting Jupyter"
-        )
-        is not None
-    )
+    return _transition(session_id, from_states=[S.PLACING], to=S.STARTING, reason=M.STARTING) is not None
 
 
 def session_mark_running(*, session_id, upstream: str, at: datetime | None = None) -> bool:
@@ -377,7 +376,7 @@ def session_mark_running(*, session_id, upstream: str, at: datetime | None = Non
             session_id,
             from_states=[S.PLACING, S.STARTING],
             to=S.RUNNING,
-            reason="Jupyter is running",
+            reason=M.RUNNING,
             at=at,
             upstream=upstream or "",
             last_alive_at=at,
@@ -449,7 +448,7 @@ def queue_dispatch(*, now: datetime | None = None) -> int:
                 session_id=session.id,
                 to=S.FAILED,
                 from_states=[S.QUEUED],
-                reason=f"Waited longer than {session.queue_max_wait_seconds // 60} minutes in the queue",
+                reason=line(M.QUEUE_TIMEOUT, minutes=session.queue_max_wait_seconds // 60),
             )
     waiting = [s for s in waiting if Session.objects.filter(id=s.id, state=S.QUEUED).exists()]
     placed = 0
@@ -495,7 +494,7 @@ def sessions_enforce_limits(*, now: datetime | None = None) -> dict[str, int]:
     )
     for session_id, running_at, max_seconds, idle_seconds, last_active_at, warned_at in running:
         if running_at and now - running_at >= timedelta(seconds=max_seconds):
-            session_stop(session=Session(id=session_id), actor=None, reason="longest session time reached")
+            session_stop(session=Session(id=session_id), actor=None, reason=M.LONGEST_REACHED)
             counts["max_duration"] += 1
             continue
         if not idle_seconds:
@@ -503,7 +502,9 @@ def sessions_enforce_limits(*, now: datetime | None = None) -> dict[str, int]:
         idle_for = (now - (last_active_at or running_at or now)).total_seconds()
         if idle_for >= idle_seconds:
             session_stop(
-                session=Session(id=session_id), actor=None, reason=f"idle for {int(idle_for) // 60} minutes"
+                session=Session(id=session_id),
+                actor=None,
+                reason=line(M.IDLE_FOR, minutes=int(idle_for) // 60),
             )
             counts["idle"] += 1
         elif (
@@ -515,7 +516,7 @@ def sessions_enforce_limits(*, now: datetime | None = None) -> dict[str, int]:
             session_event(
                 session_id=session_id,
                 kind="idle_warning",
-                message=f"No activity: this session stops in about {max(1, left // 60)} minutes unless used.",
+                message=line(M.IDLE_WARNING, minutes=max(1, left // 60)),
             )
             counts["warned"] += 1
     return counts
@@ -530,7 +531,7 @@ def sessions_stop_for_funds(*, session_refs: list[str]) -> int:
         except ValueError:
             continue  # not one of ours (billing meters other references too)
         if session is not None and session.state in Session.LIVE:
-            session_stop(session=session, actor=None, reason="funds exhausted")
+            session_stop(session=session, actor=None, reason=M.FUNDS_EXHAUSTED)
             stopped += 1
     return stopped
 

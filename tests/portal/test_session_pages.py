@@ -126,3 +126,17 @@ def test_an_api_path_that_matches_no_route_answers_the_standard_error_body():
     assert response.status_code == 404
     assert response.json()["error"]["code"] == "not_found"
     assert Client().get("/no-such-page/").status_code == 404
+
+
+def test_a_chinese_reader_sees_the_lifecycle_in_chinese(fleet, django_capture_on_commit_callbacks):
+    user = user_create(username="li", email="li@example.com", password="pw-123456789", language="zh-hans")
+    wallet_credit_promotion(account=user.account, amount_micros=4_000_000, idempotency_key="fund-li")
+    client = Client()
+    client.force_login(user)
+    with django_capture_on_commit_callbacks(execute=False):
+        client.post("/launch/", {"gpu_model": "T4", "profile": "1/2", "environment": "python-3.11"})
+    session = Session.objects.get(owner=user)
+    assert session.reason == "Placed on node-t"  # stored as written, in English
+    page = client.get(f"/sessions/{session.id}/", HTTP_ACCEPT_LANGUAGE="zh-hans").content.decode()
+    assert "已分配到 node-t" in page and "由 li 启动" in page
+    assert "Placed on" not in page and "Launched by" not in page
