@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -246,6 +247,7 @@ class JupyterProxy:
             await send({"type": "websocket.close", "code": 1011})
             return
         await send({"type": "websocket.accept", "subprotocol": upstream.subprotocol})
+        ack_now = _quick_acks(upstream.transport.get_extra_info("socket"))
 
         async def client_to_upstream():
             while True:
@@ -257,10 +259,12 @@ class JupyterProxy:
                     await upstream.send(message["bytes"])
                 elif message.get("text") is not None:
                     await upstream.send(message["text"])
+                ack_now()
 
         async def upstream_to_client():
             try:
                 async for frame in upstream:
+                    ack_now()
                     if isinstance(frame, bytes):
                         await send({"type": "websocket.send", "bytes": frame})
                     else:
@@ -313,6 +317,23 @@ class JupyterProxy:
             }
         )
         await send({"type": "http.response.body", "body": b""})
+
+
+def _quick_acks(sock) -> Callable[[], None]:
+    """A function that puts the upstream socket in quick-ACK mode (Linux), to be called around each
+    message: Jupyter writes a kernel's answer as several small frames without TCP_NODELAY, so each frame
+    after the first waits for the ACK of the one before, which the receiver delays by up to 40 ms. Acking
+    at once makes a kernel round trip through the proxy ~4 ms instead of ~44 ms (bench/proxy.py). The
+    kernel leaves quick-ACK mode by itself, hence a call per message."""
+    option = getattr(socket, "TCP_QUICKACK", None)
+    if sock is None or option is None:
+        return lambda: None
+
+    def ack_now() -> None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, option, 1)
+
+    return ack_now
 
 
 def _raw_path(scope) -> str:

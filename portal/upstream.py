@@ -39,6 +39,7 @@ class _ResponseParser:
         self.headers: list[tuple[bytes, bytes]] = []
         self.headers_done = False
         self.complete = False
+        self.keep_alive = False  # known once the message is complete: may the connection serve another?
         self.chunks: collections.deque[bytes] = collections.deque()
         self.parser = httptools.HttpResponseParser(self)
 
@@ -49,7 +50,8 @@ class _ResponseParser:
         self.headers_done = True
         status = self.parser.get_status_code()
         if self.method == b"HEAD" or status in NO_BODY_STATUSES or 100 <= status < 200:
-            # httptools cannot know a HEAD answer has no body: tell it by ending the message here.
+            # httptools cannot know a HEAD answer has no body: the message ends here, and the connection
+            # is not reused (the parser would read the next answer as this one's body).
             self.complete = True
             return
         return None
@@ -59,6 +61,8 @@ class _ResponseParser:
 
     def on_message_complete(self) -> None:
         self.complete = True
+        # Asked here, not at the headers: before the message is complete httptools answers False.
+        self.keep_alive = self.parser.should_keep_alive()
 
 
 class UpstreamResponse:
@@ -164,10 +168,9 @@ class UpstreamPool:
                     continue
                 raise UpstreamError(str(exc)) from exc
         status = parser.parser.get_status_code()
-        keep_alive = parser.parser.should_keep_alive()
 
         async def stream() -> AsyncIterator[bytes]:
-            reusable = keep_alive
+            reusable = True
             try:
                 while True:
                     while parser.chunks:
@@ -182,7 +185,7 @@ class UpstreamPool:
             except BaseException:
                 connection.close()
                 raise
-            if reusable:
+            if reusable and parser.keep_alive:
                 self._release(key, connection)
             else:
                 connection.close()

@@ -24,6 +24,7 @@ import uvicorn
 import websockets
 
 from portal.proxy import JupyterProxy, Refusal, Route
+from portal.upstream import UpstreamPool
 
 
 def _run_in_thread(coroutine):
@@ -205,3 +206,39 @@ def test_a_websocket_of_a_stranger_is_closed(proxy_url, jupyter):
 
     with pytest.raises(websockets.exceptions.WebSocketException):
         _run_in_thread(run())
+
+
+class _CountingPool(UpstreamPool):
+    connects = 0
+
+    async def _connect(self, host: str, port: int):
+        type(self).connects += 1
+        return await super()._connect(host, port)
+
+
+def test_one_upstream_connection_serves_request_after_request(jupyter):
+    """Keep-alive: httptools only knows a response's keep-alive once the message is complete, and a
+    connection per request cost a TCP handshake on every proxied request."""
+    host, port = jupyter["upstream"].removeprefix("http://").split(":")
+    headers = [(b"authorization", f"token {jupyter['token']}".encode())]
+
+    async def run() -> list[int]:
+        pool = _CountingPool()
+        statuses = []
+        for _ in range(5):
+            answer = await pool.request(
+                host=host,
+                port=int(port),
+                method="GET",
+                target=f"/jupyter/{jupyter['session_id']}/api/status",
+                headers=headers,
+                body=None,
+                content_length=None,
+            )
+            await answer.read()
+            statuses.append(answer.status)
+        pool.close()
+        return statuses
+
+    assert _run_in_thread(run()) == [200] * 5
+    assert _CountingPool.connects == 1
