@@ -123,6 +123,11 @@ class ProcessRuntime(Runtime):
         if sandbox == "bwrap":
             wrap = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
             wrap += ["--bind", str(home), str(home), "--bind", str(run_dir), str(run_dir)]
+            # The private /tmp would hide an environment or a mounted library that lives under /tmp
+            # (an install in a temporary folder, a test's state): bind those back, read-only.
+            for needed in sorted({Path(python).parent.parent, *(Path(m.source) for m in plan.mounts)}):
+                if needed.is_relative_to("/tmp") and needed.exists():
+                    wrap += ["--ro-bind", str(needed), str(needed)]
             if plan.mps_pipe_directory:
                 wrap += ["--bind", plan.mps_pipe_directory, plan.mps_pipe_directory]
             wrap += [
