@@ -8,6 +8,8 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils.dateparse import parse_datetime
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
 from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.request import Request
@@ -19,6 +21,58 @@ from billing.models import Card
 from billing.selectors import account_for_user, account_funds, card_detail, cards_for_account, ledger_entries
 from billing.services.cards import card_gift, card_redeem, card_revoke, card_split
 from billing.services.topups import amount_parse, topup_create, topup_webhook_handle
+
+ACCOUNT = OpenApiParameter(
+    "account", int, description="A team account you belong to; your own account when omitted."
+)
+PAGE = [
+    OpenApiParameter("limit", int, description="Entries per page."),
+    OpenApiParameter("offset", int, description="Entries to skip."),
+]
+
+
+def _idempotency_key(effect: str) -> OpenApiParameter:
+    return OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER, description=effect)
+
+
+class AccountRefOut(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    kind = serializers.CharField()
+
+
+class EntryOut(serializers.Serializer):
+    id = serializers.IntegerField()
+    at = serializers.DateTimeField()
+    kind = serializers.CharField(help_text="The transfer's kind: topup, metering, card_split, …")
+    ledger = serializers.CharField(help_text="wallet, overdraft or card")
+    unit = serializers.CharField(help_text="The site currency, or card-hours")
+    amount_micros = serializers.IntegerField()
+    balance_after_micros = serializers.IntegerField()
+    memo = serializers.CharField()
+    session_ref = serializers.CharField(allow_null=True)
+
+
+class WalletOut(serializers.Serializer):
+    account = AccountRefOut()
+    balance_micros = serializers.IntegerField()
+    overdraft_micros = serializers.IntegerField()
+    cards_micros = serializers.IntegerField()
+    accrued_micros = serializers.IntegerField()
+    available_micros = serializers.IntegerField()
+    burn_micros_per_hour = serializers.IntegerField()
+    runway_seconds = serializers.IntegerField(allow_null=True)
+    recent_entries = EntryOut(many=True)
+
+
+class EntryPageOut(serializers.Serializer):
+    """A page of ledger entries (limit/offset)."""
+
+    count = serializers.IntegerField()
+    next = serializers.URLField(allow_null=True)
+    previous = serializers.URLField(allow_null=True)
+    results = EntryOut(many=True)
+
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +105,12 @@ def _date(value: str | None, name: str):
 
 
 class WalletView(APIView):
+    @extend_schema(
+        operation_id="wallet_retrieve",
+        summary="Balance, cards, what is accrued, burn rate and runway",
+        parameters=[ACCOUNT],
+        responses={200: WalletOut},
+    )
     def get(self, request: Request) -> Response:
         account = _account(request)
         funds = account_funds(account=account)
@@ -71,6 +131,18 @@ class WalletView(APIView):
 
 
 class LedgerView(APIView):
+    @extend_schema(
+        operation_id="ledger_list",
+        summary="The account's ledger history (wallet, overdraft, cards), newest first",
+        parameters=[
+            ACCOUNT,
+            OpenApiParameter("kind", str, description="Only transfers of this kind."),
+            OpenApiParameter("since", OpenApiTypes.DATETIME, description="From (a date or a date-time)."),
+            OpenApiParameter("until", OpenApiTypes.DATETIME, description="Before (a date or a date-time)."),
+            *PAGE,
+        ],
+        responses={200: EntryPageOut},
+    )
     def get(self, request: Request) -> Response:
         account = _account(request)
         entries = ledger_entries(
@@ -85,12 +157,24 @@ class LedgerView(APIView):
 
 
 class TopUpInput(serializers.Serializer):
-    amount_micros = serializers.JSONField(required=False)
-    amount = serializers.JSONField(required=False)
-    currency = serializers.CharField(required=False, max_length=8)
+    amount_micros = serializers.JSONField(required=False, help_text="An integer of micro-units.")
+    amount = serializers.JSONField(required=False, help_text='A decimal string such as "50.00".')
+    currency = serializers.CharField(required=False, max_length=8, help_text="The site currency.")
+
+
+class TopUpOut(serializers.Serializer):
+    checkout_url = serializers.URLField(help_text="Stripe Checkout: send the payer here.")
+    topup_id = serializers.IntegerField()
 
 
 class TopUpView(APIView):
+    @extend_schema(
+        operation_id="wallet_topup_create",
+        summary="Start a card payment into the wallet (credited when Stripe confirms it)",
+        parameters=[ACCOUNT, _idempotency_key("The same key returns the same top-up and Checkout page.")],
+        request=TopUpInput,
+        responses={201: TopUpOut},
+    )
     def post(self, request: Request) -> Response:
         account = _account(request)
         data = TopUpInput(data=request.data)
@@ -150,11 +234,36 @@ class RedeemInput(serializers.Serializer):
     code = serializers.CharField(max_length=20_000, allow_blank=True, trim_whitespace=False)
 
 
+class PartRefOut(serializers.Serializer):
+    id = serializers.IntegerField()
+    state = serializers.CharField()
+    hours_micros = serializers.IntegerField()
+
+
+class CardDetailOut(serializers.Serializer):
+    id = serializers.IntegerField()
+    state = serializers.CharField()
+    hours_micros = serializers.IntegerField()
+    hours_left_micros = serializers.IntegerField()
+    gpu_models = serializers.ListField(child=serializers.CharField())
+    expires_at = serializers.DateTimeField(allow_null=True)
+    max_parts = serializers.IntegerField()
+    parts = PartRefOut(many=True)
+    lineage = serializers.ListField(child=serializers.DictField(), help_text="From the root card down.")
+
+
 def _client_ip(request: Request) -> str:
     return request.META.get("REMOTE_ADDR", "")
 
 
 class CardRedeemView(APIView):
+    @extend_schema(
+        operation_id="cards_redeem",
+        summary="Redeem an invite code: its card becomes the account's",
+        parameters=[ACCOUNT],
+        request=RedeemInput,
+        responses={201: CardOut},
+    )
     def post(self, request: Request) -> Response:
         account = _account(request)
         data = RedeemInput(data=request.data)
@@ -169,12 +278,24 @@ class CardRedeemView(APIView):
 
 
 class CardListView(APIView):
+    @extend_schema(
+        operation_id="cards_list",
+        summary="The account's compute cards, soonest expiry first",
+        parameters=[ACCOUNT],
+        responses={200: CardOut(many=True)},
+    )
     def get(self, request: Request) -> Response:
         cards = cards_for_account(account=_account(request))
         return Response([CardOut(c).data for c in cards])
 
 
 class CardDetailView(APIView):
+    @extend_schema(
+        operation_id="cards_retrieve",
+        summary="One card with its parts and lineage",
+        parameters=[ACCOUNT],
+        responses={200: CardDetailOut},
+    )
     def get(self, request: Request, card_id: int) -> Response:
         return Response(card_detail(account=_account(request), card_id=card_id))
 
@@ -185,26 +306,70 @@ class SplitInput(serializers.Serializer):
     )
 
 
+class PartOut(serializers.Serializer):
+    card = CardOut()
+    code = serializers.CharField(help_text="The part's invite code, shown once (empty once redeemed).")
+
+
+class SplitOut(serializers.Serializer):
+    parts = PartOut(many=True)
+
+
 def _part_out(part: Card, code: str) -> dict:
     return {"card": CardOut(part).data, "code": code}
 
 
 class CardSplitView(APIView):
+    @extend_schema(
+        operation_id="cards_split",
+        summary="Split a card into parts of the given hours, each with a code to give away",
+        parameters=[
+            ACCOUNT,
+            _idempotency_key(
+                "The same key splits once: a replay returns the same parts (200), each not yet redeemed "
+                "with a fresh code that replaces the first."
+            ),
+        ],
+        request=SplitInput,
+        responses={201: SplitOut, 200: SplitOut},
+    )
     def post(self, request: Request, card_id: int) -> Response:
         data = SplitInput(data=request.data)
         data.is_valid(raise_exception=True)
         parts = [int(hours * 1_000_000) for hours in data.validated_data["parts"]]
-        made = card_split(card_id=card_id, account=_account(request), parts=parts, actor=request.user)
-        return Response({"parts": [_part_out(p, c) for p, c in made]}, status=201)
+        key = request.headers.get("Idempotency-Key") or None
+        account = _account(request)
+        replay = (
+            bool(key)
+            and Card.objects.filter(parent_id=card_id, parent__owner=account, split_key=key).exists()
+        )
+        made = card_split(
+            card_id=card_id, account=account, parts=parts, actor=request.user, idempotency_key=key
+        )
+        return Response({"parts": [_part_out(p, c) for p, c in made]}, status=200 if replay else 201)
 
 
 class CardGiftView(APIView):
+    @extend_schema(
+        operation_id="cards_gift",
+        summary="Give away everything a card holds as one part with a code",
+        parameters=[ACCOUNT],
+        request=None,
+        responses={201: PartOut},
+    )
     def post(self, request: Request, card_id: int) -> Response:
         part, code = card_gift(card_id=card_id, account=_account(request), actor=request.user)
         return Response(_part_out(part, code), status=201)
 
 
 class CardRevokeView(APIView):
+    @extend_schema(
+        operation_id="cards_revoke",
+        summary="Take back a part not yet redeemed: its hours return to the card",
+        parameters=[ACCOUNT],
+        request=None,
+        responses={200: CardOut},
+    )
     def post(self, request: Request, card_id: int) -> Response:
         part = card_revoke(card_id=card_id, account=_account(request), actor=request.user)
         return Response(CardOut(part).data)

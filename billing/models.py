@@ -374,12 +374,15 @@ class Card(models.Model):
     expires_at = models.DateTimeField(null=True, blank=True)
     state = models.CharField(max_length=12, choices=State.choices, default=State.UNREDEEMED)
     reminded_days = models.JSONField(default=list, blank=True)
+    # The Idempotency-Key of the split that made this part: a replay returns the same parts.
+    split_key = models.CharField(max_length=200, null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         indexes = [
             models.Index(fields=["owner", "state", "expires_at"]),
             models.Index(fields=["state", "expires_at"]),
+            models.Index(fields=["parent", "split_key"], name="card_split_key"),
         ]
 
     def __str__(self) -> str:

@@ -156,6 +156,7 @@ class CatalogView(APIView):
 
 class SessionListView(APIView):
     @extend_schema(
+        operation_id="sessions_list",
         summary="Your sessions, newest first",
         parameters=[
             OpenApiParameter(
@@ -222,7 +223,9 @@ def _paying_account(request: Request, account_id: int | None) -> Account:
 
 
 class SessionDetailView(APIView):
-    @extend_schema(summary="One of your sessions", responses={200: io.SessionDetailOut})
+    @extend_schema(
+        operation_id="sessions_retrieve", summary="One of your sessions", responses={200: io.SessionDetailOut}
+    )
     def get(self, request: Request, session_id: str) -> Response:
         return Response(session_detail_body(_session_for(request, session_id)))
 
@@ -353,6 +356,7 @@ class AdminNodeListView(APIView):
         return Response([node_body(n) for n in _nodes()])
 
     @extend_schema(
+        operation_id="admin_nodes_create",
         summary="Enrol a node (staff); the token is shown once",
         request=io.NodeEnrollIn,
         responses={201: io.NodeEnrolledOut},
@@ -371,6 +375,7 @@ class AdminNodeActionView(APIView):
     permission_classes = [*api_settings.DEFAULT_PERMISSION_CLASSES, StaffOnly]  # scopes still apply
 
     @extend_schema(
+        operation_id="admin_nodes_action",
         summary="Cordon, drain or uncordon a node (staff)",
         request=io.NodeActionIn,
         responses={200: io.NodeOut},

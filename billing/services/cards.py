@@ -29,7 +29,13 @@ from billing.models import (
     Notification,
     Transfer,
 )
-from billing.services.ledger import Leg, lock_accounts, post_legs_locked, system_account
+from billing.services.ledger import (
+    Leg,
+    idempotency_key_check,
+    lock_accounts,
+    post_legs_locked,
+    system_account,
+)
 from billing.services.metering import db_now
 
 GIFT_CODE_VALID_DAYS = 14
@@ -259,14 +265,20 @@ def _make_parts(
     return [(part, _new_code(part, expires_at=code_expiry)) for part in parts]
 
 
-def card_split(*, card_id: int, account: Account, parts: list[int], actor=None) -> list[tuple[Card, str]]:
+def card_split(
+    *, card_id: int, account: Account, parts: list[int], actor=None, idempotency_key: str | None = None
+) -> list[tuple[Card, str]]:
     """Split an owned, active card into new unredeemed parts of ``parts`` micro-hours each, each with
     a new code (returned once); the parts keep the card's restrictions and expiry.
 
     Locks the card and its ledger account, so concurrent splits never take more than it holds.
+    Idempotent by ``idempotency_key`` per card: a replay splits nothing and returns the same parts.
+    Codes are stored hashed, so the first ones cannot be shown again: a replay gives each part not yet
+    redeemed a fresh code and retires the old one (the caller that lost the answer never saw it).
     Raises NotFound, ValidationFailed (not splittable, too many parts, a part below the minimum,
-    more than remains, expired).
+    more than remains, expired, a bad key), Conflict (the key was used for other parts).
     """
+    idempotency_key_check(idempotency_key)
     if not isinstance(parts, list) or not parts:
         raise ValidationFailed("Give the parts as a list of hours.", fields={"parts": "required"})
     for amount in parts:
@@ -279,6 +291,10 @@ def card_split(*, card_id: int, account: Account, parts: list[int], actor=None) 
     now = db_now()
     with transaction.atomic():
         card, ledger = _owned_card_locked(card_id, account)
+        if idempotency_key:
+            replayed = list(Card.objects.filter(parent=card, split_key=idempotency_key).order_by("id"))
+            if replayed:
+                return _split_replay(replayed, parts=parts, now=now)
         _require_usable(card, now)
         if not card.splittable:
             raise ValidationFailed("This card cannot be split.", code="not_splittable")
@@ -291,7 +307,27 @@ def card_split(*, card_id: int, account: Account, parts: list[int], actor=None) 
             raise ValidationFailed(
                 "The parts add up to more than the card holds.", fields={"parts": "too much"}
             )
-        return _make_parts(card=card, ledger=ledger, amounts=parts, actor=actor, now=now)
+        made = _make_parts(card=card, ledger=ledger, amounts=parts, actor=actor, now=now)
+        if idempotency_key:
+            Card.objects.filter(id__in=[part.id for part, _code in made]).update(split_key=idempotency_key)
+        return made
+
+
+def _split_replay(replayed: list[Card], *, parts: list[int], now: datetime) -> list[tuple[Card, str]]:
+    if [part.hours_micros for part in replayed] != parts:
+        raise Conflict(
+            "This Idempotency-Key was used for a split into other parts.", code="idempotency_key_reused"
+        )
+    answer = []
+    for part in replayed:
+        code = ""
+        if part.state == Card.State.GIFTED:
+            old = InviteCode.objects.filter(card=part, used_at__isnull=True, revoked_at__isnull=True)
+            expires_at = old.values_list("expires_at", flat=True).first()
+            old.update(revoked_at=now)
+            code = _new_code(part, expires_at=expires_at)
+        answer.append((Card.objects.select_related("ledger_account").get(id=part.id), code))
+    return answer
 
 
 def card_gift(*, card_id: int, account: Account, actor=None) -> tuple[Card, str]:

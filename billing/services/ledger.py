@@ -8,6 +8,7 @@ constraint catches the rest).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -16,6 +17,18 @@ from django.db import IntegrityError, transaction
 from billing.audit import audit_record
 from billing.errors import InsufficientFunds, ValidationFailed
 from billing.models import Account, Entry, LedgerAccount, Transfer
+
+IDEMPOTENCY_KEY_RE = re.compile(r"^[\x21-\x7e]{1,200}$")
+
+
+def idempotency_key_check(key: str | None) -> None:
+    """Raise ValidationFailed unless ``key`` (a client's Idempotency-Key, or None) is 1-200 printable
+    ASCII characters."""
+    if key is not None and not IDEMPOTENCY_KEY_RE.match(key):
+        raise ValidationFailed(
+            "A bad Idempotency-Key.", fields={"idempotency_key": "1-200 printable characters"}
+        )
+
 
 Kind = LedgerAccount.Kind
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import uuid
 from datetime import datetime, timedelta
 
@@ -29,6 +28,7 @@ from django.utils.module_loading import import_string
 
 from billing.errors import ApplicationError, NotFound, ValidationFailed
 from billing.models import Account
+from billing.services.ledger import idempotency_key_check
 from provisioner import messages as M
 from provisioner.messages import line
 from provisioner.models import Environment, GpuModel, Node, Profile, Session, SessionEvent
@@ -48,7 +48,6 @@ _TIMESTAMP = {
     S.FAILED: "ended_at",
     S.LOST: "ended_at",
 }
-IDEMPOTENCY_KEY_RE = re.compile(r"^[\x21-\x7e]{1,200}$")
 
 
 def session_event(*, session_id, kind: str, message: str, from_state: str = "", to_state: str = "") -> None:
@@ -152,10 +151,7 @@ def session_launch(
     from billing.services.metering import account_can_launch
     from billing.services.pricing import price_quote
 
-    if idempotency_key is not None and not IDEMPOTENCY_KEY_RE.match(idempotency_key):
-        raise ValidationFailed(
-            "A bad Idempotency-Key.", fields={"idempotency_key": "1-200 printable characters"}
-        )
+    idempotency_key_check(idempotency_key)
     if idempotency_key:
         existing = Session.objects.filter(owner=user, idempotency_key=idempotency_key).first()
         if existing is not None:

@@ -4,6 +4,7 @@ import pytest
 from django.core.cache import cache
 from rest_framework.test import APIClient
 
+from billing.models import Card
 from billing.services.cards import card_batch_issue
 from portal.services import team_create, user_create
 from tests.billing.conftest import fund
@@ -125,6 +126,34 @@ def test_redeem_split_gift_revoke_through_the_api():
     gift = client.post(f"/api/v1/cards/{card['id']}/gift")
     assert gift.status_code == 201 and gift.json()["card"]["hours_left_micros"] == 8_000_000
     assert len(client.get("/api/v1/cards").json()) >= 2
+
+
+def test_a_split_replayed_with_its_key_splits_once_and_gives_fresh_codes():
+    alice, client = _client("alice")
+    bob, other = _client("bob")
+    _, (code,) = card_batch_issue(hours_micros=10_000_000, count=1, valid_days=30, max_parts=3)
+    card = client.post("/api/v1/cards/redeem", {"code": code}, format="json").json()
+    url, key = f"/api/v1/cards/{card['id']}/split", {"HTTP_IDEMPOTENCY_KEY": "split-once"}
+    first = client.post(url, {"parts": [2, 3]}, format="json", **key)
+    again = client.post(url, {"parts": [2, 3]}, format="json", **key)
+    assert (first.status_code, again.status_code) == (201, 200)
+    ids = [p["card"]["id"] for p in first.json()["parts"]]
+    assert [p["card"]["id"] for p in again.json()["parts"]] == ids
+    assert client.get(f"/api/v1/cards/{card['id']}").json()["hours_left_micros"] == 5_000_000
+    # The first codes were replaced: the replay's work, the first ones do not.
+    old, new = first.json()["parts"][0]["code"], again.json()["parts"][0]["code"]
+    assert old != new
+    assert other.post("/api/v1/cards/redeem", {"code": old}, format="json").status_code >= 400
+    assert other.post("/api/v1/cards/redeem", {"code": new}, format="json").status_code == 201
+    third = client.post(url, {"parts": [2, 3]}, format="json", **key).json()["parts"]
+    assert third[0]["code"] == "" and third[1]["code"]  # the redeemed part has no code to give
+    other_parts = client.post(url, {"parts": [1]}, format="json", **key)
+    assert other_parts.status_code == 409
+    assert other_parts.json()["error"]["code"] == "idempotency_key_reused"
+    bad = client.post(url, {"parts": [1]}, format="json", HTTP_IDEMPOTENCY_KEY="x" * 201)
+    assert bad.status_code == 400 and Card.objects.filter(parent_id=card["id"]).count() == 2
+    # Another tenant replaying the key on that card finds nothing.
+    assert other.post(url, {"parts": [2, 3]}, format="json", **key).status_code == 404
 
 
 def test_redeem_is_rate_limited():

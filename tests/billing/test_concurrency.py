@@ -66,6 +66,26 @@ def test_concurrent_splits_never_exceed_what_the_card_holds(settings):
     assert_ledger_invariants()
 
 
+def test_one_split_key_replayed_concurrently_splits_once(settings):
+    user = user_create(username="retrier", email="", password="a-long-pass-phrase-9")
+    _, (code,) = card_batch_issue(hours_micros=10_000_000, count=1, valid_days=30, max_parts=50)
+    card = card_redeem(user=user, account=user.account, code=code)
+    results = _run(
+        10,
+        lambda i: card_split(
+            card_id=card.id, account=user.account, parts=[3_000_000, 1_000_000], idempotency_key="split-1"
+        ),
+    )
+    assert all(isinstance(r, list) for r in results), results
+    assert {tuple(part.id for part, _code in r) for r in results} == {
+        tuple(sorted(p.id for p, _c in results[0]))
+    }
+    assert Card.objects.filter(parent=card).count() == 2
+    card.ledger_account.refresh_from_db()
+    assert card.ledger_account.balance_micros == 6_000_000
+    assert_ledger_invariants()
+
+
 def _signed(payload: dict, secret: str = SECRET, at: int | None = None) -> tuple[bytes, str]:
     body = json.dumps(payload).encode()
     at = at or int(time.time())
