@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from decimal import Decimal
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils.dateparse import parse_datetime
@@ -14,13 +15,23 @@ from rest_framework import serializers
 from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
-from billing.errors import ApplicationError, ValidationFailed
-from billing.models import Card
+from billing.errors import ApplicationError, NotFound, ValidationFailed
+from billing.models import Card, CardBatch, Price
 from billing.selectors import account_for_user, account_funds, card_detail, cards_for_account, ledger_entries
-from billing.services.cards import card_gift, card_redeem, card_revoke, card_split
+from billing.services.cards import (
+    MAX_BATCH,
+    card_batch_issue,
+    card_gift,
+    card_redeem,
+    card_revoke,
+    card_split,
+)
+from billing.services.pricing import price_set
 from billing.services.topups import amount_parse, topup_create, topup_webhook_handle
+from portal.auth import StaffOnly
 
 ACCOUNT = OpenApiParameter(
     "account", int, description="A team account you belong to; your own account when omitted."
@@ -373,3 +384,163 @@ class CardRevokeView(APIView):
     def post(self, request: Request, card_id: int) -> Response:
         part = card_revoke(card_id=card_id, account=_account(request), actor=request.user)
         return Response(CardOut(part).data)
+
+
+# --- staff: prices and card batches --------------------------------------------------------------------
+
+STAFF = [*api_settings.DEFAULT_PERMISSION_CLASSES, StaffOnly]  # token scopes still apply
+
+
+class PriceVersionOut(serializers.ModelSerializer):
+    created_by = serializers.CharField(source="created_by.username", allow_null=True, default=None)
+
+    class Meta:
+        model = Price
+        fields = ["id", "gpu_model", "profile", "price_micros_per_hour", "effective_from", "created_by"]
+
+
+class PriceIn(serializers.Serializer):
+    gpu_model = serializers.CharField(max_length=64, allow_blank=True, help_text='"" for the cpu profile.')
+    profile = serializers.CharField(max_length=32)
+    price_micros_per_hour = serializers.IntegerField(min_value=0, max_value=10**15)
+    effective_from = serializers.DateTimeField(required=False, help_text="Now when omitted.")
+    reason = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+
+
+class AdminPriceView(APIView):
+    permission_classes = STAFF
+
+    @extend_schema(
+        operation_id="admin_prices_list",
+        summary="Every price version, newest first (staff)",
+        responses={200: PriceVersionOut(many=True)},
+    )
+    def get(self, request: Request) -> Response:
+        prices = Price.objects.select_related("created_by").order_by("-effective_from", "-id")
+        return Response(PriceVersionOut(prices, many=True).data)
+
+    @extend_schema(
+        operation_id="admin_prices_create",
+        summary="Publish a new price version for a GPU model and profile (staff; audited)",
+        description="Prices are never edited: a new version applies to launches from its effective time; "
+        "running sessions keep the price locked at their launch.",
+        request=PriceIn,
+        responses={201: PriceVersionOut},
+    )
+    def post(self, request: Request) -> Response:
+        data = PriceIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        fields = data.validated_data
+        price = price_set(
+            gpu_model=fields["gpu_model"],
+            profile=fields["profile"],
+            price_micros_per_hour=fields["price_micros_per_hour"],
+            effective_from=fields.get("effective_from"),
+            actor=request.user,
+            reason=fields["reason"],
+        )
+        price.refresh_from_db()
+        return Response(PriceVersionOut(price).data, status=201)
+
+
+class CardBatchOut(serializers.ModelSerializer):
+    cards = serializers.IntegerField(source="cards_count", help_text="Cards issued in the batch.")
+    redeemed = serializers.IntegerField(source="redeemed_count", help_text="Of them, redeemed.")
+
+    class Meta:
+        model = CardBatch
+        fields = [
+            "id",
+            "label",
+            "hours_micros",
+            "valid_days",
+            "valid_until",
+            "gpu_models",
+            "splittable",
+            "max_parts",
+            "one_per_user",
+            "created_at",
+            "cards",
+            "redeemed",
+        ]
+
+
+class CardBatchIn(serializers.Serializer):
+    hours = serializers.DecimalField(max_digits=12, decimal_places=6, min_value=Decimal("0.000001"))
+    count = serializers.IntegerField(min_value=1, max_value=MAX_BATCH)
+    valid_days = serializers.IntegerField(min_value=1, max_value=3660, required=False)
+    valid_until = serializers.DateTimeField(required=False)
+    gpu_models = serializers.ListField(
+        child=serializers.CharField(max_length=64), max_length=50, required=False, default=list
+    )
+    splittable = serializers.BooleanField(required=False, default=True)
+    max_parts = serializers.IntegerField(min_value=0, max_value=50, required=False, default=3)
+    one_per_user = serializers.BooleanField(required=False, default=True)
+    label = serializers.CharField(max_length=100, required=False, allow_blank=True, default="")
+
+
+class CardBatchIssuedOut(serializers.Serializer):
+    batch = CardBatchOut()
+    codes = serializers.ListField(
+        child=serializers.CharField(), help_text="Shown once: only hashes are kept."
+    )
+
+
+def _batches():
+    from django.db.models import Count, Q
+
+    return CardBatch.objects.annotate(
+        cards_count=Count("cards", filter=Q(cards__parent__isnull=True)),
+        redeemed_count=Count("cards", filter=Q(cards__parent__isnull=True, cards__redeemed_at__isnull=False)),
+    ).order_by("-created_at", "-id")
+
+
+class AdminCardBatchListView(APIView):
+    permission_classes = STAFF
+
+    @extend_schema(
+        operation_id="admin_card_batches_list",
+        summary="Card batches with how many of their cards were redeemed (staff)",
+        responses={200: CardBatchOut(many=True)},
+    )
+    def get(self, request: Request) -> Response:
+        return Response(CardBatchOut(_batches(), many=True).data)
+
+    @extend_schema(
+        operation_id="admin_card_batches_create",
+        summary="Issue a batch of compute cards; the answer carries their codes, once (staff; audited)",
+        request=CardBatchIn,
+        responses={201: CardBatchIssuedOut},
+    )
+    def post(self, request: Request) -> Response:
+        data = CardBatchIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        fields = data.validated_data
+        batch, codes = card_batch_issue(
+            hours_micros=int(fields["hours"] * 1_000_000),
+            count=fields["count"],
+            valid_days=fields.get("valid_days"),
+            valid_until=fields.get("valid_until"),
+            gpu_models=fields["gpu_models"],
+            max_parts=fields["max_parts"],
+            splittable=fields["splittable"],
+            one_per_user=fields["one_per_user"],
+            label=fields["label"],
+            actor=request.user,
+        )
+        return Response({"batch": CardBatchOut(_batches().get(id=batch.id)).data, "codes": codes}, status=201)
+
+
+class AdminCardBatchDetailView(APIView):
+    permission_classes = STAFF
+
+    @extend_schema(
+        operation_id="admin_card_batches_retrieve",
+        summary="One card batch (staff)",
+        responses={200: CardBatchOut},
+    )
+    def get(self, request: Request, batch_id: int) -> Response:
+        batch = _batches().filter(id=batch_id).first()
+        if batch is None:
+            raise NotFound("No such card batch.")
+        return Response(CardBatchOut(batch).data)

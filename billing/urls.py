@@ -13,4 +13,11 @@ urlpatterns = [
     path("api/v1/cards/<int:card_id>/split", api.CardSplitView.as_view(), name="api_card_split"),
     path("api/v1/cards/<int:card_id>/gift", api.CardGiftView.as_view(), name="api_card_gift"),
     path("api/v1/cards/<int:card_id>/revoke", api.CardRevokeView.as_view(), name="api_card_revoke"),
+    path("api/v1/admin/prices", api.AdminPriceView.as_view(), name="api_admin_prices"),
+    path("api/v1/admin/card-batches", api.AdminCardBatchListView.as_view(), name="api_admin_card_batches"),
+    path(
+        "api/v1/admin/card-batches/<int:batch_id>",
+        api.AdminCardBatchDetailView.as_view(),
+        name="api_admin_card_batch",
+    ),
 ]

@@ -22,6 +22,7 @@ from rest_framework.views import APIView
 
 from billing.errors import ApplicationError, NotFound, ValidationFailed
 from billing.models import Account
+from portal.auth import StaffOnly
 from provisioner import messages as M
 from provisioner import selectors
 from provisioner import serializers as io
@@ -304,10 +305,6 @@ class QuotaView(APIView):
 
 
 # --- staff endpoints ---------------------------------------------------------------------------------
-
-
-class StaffOnly(permissions.IsAdminUser):
-    message = "Staff only."
 
 
 def node_body(node: Node) -> dict:

@@ -17,6 +17,7 @@ from django.core.cache import cache
 from django.db import transaction
 from django.utils import timezone
 
+from billing.audit import audit_record
 from billing.codes import CodeMalformed, CodeMistyped, code_generate, code_hash, code_normalize
 from billing.errors import Conflict, NotFound, RateLimited, ValidationFailed
 from billing.models import (
@@ -137,6 +138,13 @@ def card_batch_issue(
             codes.append(code)
             rows.append(InviteCode(card=card, code_hash=code_hash(code_normalize(code))))
         InviteCode.objects.bulk_create(rows)
+        audit_record(
+            actor=actor,
+            action="cards.batch_issue",
+            target=batch,
+            after={"count": count, "hours_micros": hours_micros, "gpu_models": batch.gpu_models},
+            reason=label,
+        )
     return batch, codes
 
 

@@ -19,7 +19,17 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from drf_spectacular.generators import SchemaGenerator
 from rest_framework.test import APIClient
 
-from billing.models import AuditEntry, Card, Entry, InviteCode, LedgerAccount, TopUp, Transfer
+from billing.models import (
+    AuditEntry,
+    Card,
+    CardBatch,
+    Entry,
+    InviteCode,
+    LedgerAccount,
+    Price,
+    TopUp,
+    Transfer,
+)
 from billing.services.cards import card_batch_issue, card_redeem
 from portal.models import AccessToken, Membership
 from portal.services import access_token_create, team_create
@@ -168,6 +178,8 @@ def state_of_the_world() -> dict:
         "nodes": sorted(Node.objects.values_list("id", "state")),
         "quotas": sorted(Quota.objects.values_list("id", "updated_at")),
         "audit": AuditEntry.objects.count(),
+        "prices": Price.objects.count(),
+        "batches": CardBatch.objects.count(),
     }
 
 
@@ -233,6 +245,8 @@ def _staff_probes(method: str, url, body=None) -> list[Probe]:
 
 LAUNCH = {"gpu_model": A100, "profile": "1/8", "environment": ENV}
 QUOTA = {"limits": {"max_sessions": 99}, "reason": "intruder"}
+PRICE = {"gpu_model": A100, "profile": "whole", "price_micros_per_hour": 5_000_000, "reason": "new quarter"}
+BATCH = {"hours": "2.5", "count": 3, "valid_days": 30, "label": "course"}
 
 # Listing endpoints answer the caller's own objects (status 200): the check is that none of alice's
 # data is in them. Everything else names an object the caller may not reach.
@@ -291,6 +305,17 @@ MATRIX: dict[tuple[str, str], list[Probe]] = {
     ),
     ("POST", "/api/v1/admin/nodes/{node_id}/{action}"): _staff_probes(
         "POST", lambda w: f"/api/v1/admin/nodes/{w.node.id}/drain", lambda w: {"reason": "x"}
+    ),
+    ("GET", "/api/v1/admin/prices"): _staff_probes("GET", lambda w: "/api/v1/admin/prices"),
+    ("POST", "/api/v1/admin/prices"): _staff_probes(
+        "POST", lambda w: "/api/v1/admin/prices", lambda w: {**PRICE, "price_micros_per_hour": 1}
+    ),
+    ("GET", "/api/v1/admin/card-batches"): _staff_probes("GET", lambda w: "/api/v1/admin/card-batches"),
+    ("POST", "/api/v1/admin/card-batches"): _staff_probes(
+        "POST", lambda w: "/api/v1/admin/card-batches", lambda w: BATCH
+    ),
+    ("GET", "/api/v1/admin/card-batches/{batch_id}"): _staff_probes(
+        "GET", lambda w: f"/api/v1/admin/card-batches/{CardBatch.objects.order_by('id').first().id}"
     ),
     ("GET", "/api/v1/admin/quotas"): _staff_probes("GET", lambda w: "/api/v1/admin/quotas"),
     ("PUT", "/api/v1/admin/quotas"): _staff_probes(
@@ -371,6 +396,45 @@ def test_staff_reach_the_staff_endpoints(world):
     assert client.get("/api/v1/admin/quotas").status_code == 200
     response = client.put("/api/v1/admin/quotas", {**QUOTA, "user": world.mallory.pk}, format="json")
     assert response.status_code == 200, response.content
+
+
+def test_staff_publish_prices_and_issue_card_batches_audited(world):
+    client = _client(world, "staff", "session")
+    price = client.post("/api/v1/admin/prices", PRICE, format="json")
+    assert price.status_code == 201, price.content
+    assert price.json()["created_by"] == world.staff.username
+    assert client.get("/api/v1/admin/prices").json()[0]["id"] == price.json()["id"]
+    issued = client.post("/api/v1/admin/card-batches", BATCH, format="json")
+    assert issued.status_code == 201, issued.content
+    body = issued.json()
+    assert len(body["codes"]) == 3 and body["batch"]["cards"] == 3 and body["batch"]["redeemed"] == 0
+    assert body["batch"]["hours_micros"] == 2_500_000
+    batch = client.get(f"/api/v1/admin/card-batches/{body['batch']['id']}").json()
+    assert batch == body["batch"]
+    assert AuditEntry.objects.filter(action="cards.batch_issue", actor=world.staff).exists()
+    assert AuditEntry.objects.filter(actor=world.staff, action__startswith="price").exists()
+
+
+@pytest.mark.parametrize(
+    ("url", "body"),
+    [
+        ("/api/v1/admin/prices", {**PRICE, "price_micros_per_hour": -1}),
+        ("/api/v1/admin/prices", {**PRICE, "profile": "1/3"}),
+        ("/api/v1/admin/prices", {**PRICE, "gpu_model": "x" * 65}),
+        ("/api/v1/admin/card-batches", {**BATCH, "count": 0}),
+        ("/api/v1/admin/card-batches", {**BATCH, "count": 10_001}),
+        ("/api/v1/admin/card-batches", {**BATCH, "hours": "-1"}),
+        ("/api/v1/admin/card-batches", {key: v for key, v in BATCH.items() if key != "valid_days"}),
+    ],
+)
+def test_bad_staff_input_is_a_400_and_writes_nothing(world, url, body):
+    client = _client(world, "staff", "session")
+    before = (Price.objects.count(), CardBatch.objects.count(), AuditEntry.objects.count())
+    response = client.post(url, body, format="json")
+    assert response.status_code == 400, response.content
+    assert set(response.json()["error"]) == {"code", "message", "fields"}
+    assert (Price.objects.count(), CardBatch.objects.count(), AuditEntry.objects.count()) == before
+    assert client.get("/api/v1/admin/card-batches/999999").status_code == 404
 
 
 def test_a_staff_users_read_token_cannot_change_staff_state(world):
