@@ -10,6 +10,7 @@ from django.db import connection
 from django.db.models import Q, QuerySet
 from django.db.models.functions import Now
 from django.utils.module_loading import import_string
+from django.utils.translation import gettext as _
 
 from billing.errors import NotFound
 from billing.models import Account, Card, Entry, Notification, Price
@@ -103,16 +104,16 @@ def account_for_user(*, user, account_id: int | str | None = None) -> Account:
     """The caller's own account, or a team account they belong to; anything else is NotFound."""
     if account_id in (None, ""):
         if not getattr(user, "account_id", None):
-            raise NotFound("No such account.")
+            raise NotFound(_("No such account."))
         return user.account
     try:
         wanted = int(account_id)
     except (TypeError, ValueError):
-        raise NotFound("No such account.")
+        raise NotFound(_("No such account."))
     for account in accounts_payable_by(user=user):
         if account.id == wanted:
             return account
-    raise NotFound("No such account.")
+    raise NotFound(_("No such account."))
 
 
 def ledger_entries(
@@ -204,7 +205,7 @@ def card_detail(*, account: Account, card_id: int) -> dict:
     card = cards_for_account(account=account).select_related("batch", "parent", "gifted_by", "redeemed_by")
     card = card.filter(id=card_id).first()
     if card is None:
-        raise NotFound("No such card.")
+        raise NotFound(_("No such card."))
     return {
         "id": card.id,
         "state": card.state,

@@ -7,7 +7,7 @@ import hashlib
 import secrets
 from datetime import timedelta
 
-from django.utils import timezone
+from django.utils import timezone, translation
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions, permissions, throttling
 from rest_framework.settings import api_settings
@@ -64,6 +64,10 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
         view = (request.parser_context or {}).get("view")
         if view is not None and not token_may(token, scope=view_scope(view, request), method=request.method):
             raise exceptions.PermissionDenied(TokenScopePermission.message)
+        if not request.headers.get("Accept-Language") and token.user.language:
+            # The preferences middleware ran before the token was known: a script that names no
+            # language gets answers in the one its user chose, as their browser does.
+            translation.activate(token.user.language)
         now = timezone.now()
         if token.last_used_at is None or now - token.last_used_at > LAST_USED_RESOLUTION:
             AccessToken.objects.filter(pk=token.pk).update(last_used_at=now)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from django.db.models import QuerySet
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
 from billing.errors import NotFound
 from provisioner.models import (
@@ -72,14 +73,14 @@ def session_get_for_user(*, user, session_id) -> Session:
     try:
         sid = uuid.UUID(str(session_id))
     except ValueError:
-        raise NotFound("No such session.")
+        raise NotFound(_("No such session."))
     session = (
         Session.objects.select_related("gpu_model", "profile", "environment", "node", "device", "account")
         .filter(id=sid, owner=user)
         .first()
     )
     if session is None:
-        raise NotFound("No such session.")
+        raise NotFound(_("No such session."))
     return session
 
 

@@ -16,6 +16,7 @@ from django.contrib.auth import get_user_model
 from django.core.cache import cache
 from django.db import transaction
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
 from billing.audit import audit_record
 from billing.codes import CodeMalformed, CodeMistyped, code_generate, code_hash, code_normalize
@@ -46,7 +47,8 @@ MAX_BATCH = 10_000
 def _hours_micros(value: object, field: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValidationFailed(
-            f"{field} must be a positive whole number of micro-hours.", fields={field: "invalid"}
+            _("%(field)s must be a positive whole number of micro-hours.") % {"field": field},
+            fields={field: "invalid"},
         )
     return value
 
@@ -75,16 +77,17 @@ def card_batch_issue(
     _hours_micros(hours_micros, "hours_micros")
     if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_BATCH:
         raise ValidationFailed(
-            f"Issue between 1 and {MAX_BATCH} cards at a time.", fields={"count": "out of range"}
+            _("Issue between 1 and %(max)s cards at a time.") % {"max": MAX_BATCH},
+            fields={"count": "out of range"},
         )
     if valid_days is None and valid_until is None:
-        raise ValidationFailed("A batch needs a validity.", fields={"valid_days": "required"})
+        raise ValidationFailed(_("A batch needs a validity."), fields={"valid_days": "required"})
     if valid_days is not None and (not isinstance(valid_days, int) or valid_days <= 0):
         raise ValidationFailed(
-            "valid_days must be a positive number of days.", fields={"valid_days": "invalid"}
+            _("valid_days must be a positive number of days."), fields={"valid_days": "invalid"}
         )
     if not isinstance(max_parts, int) or max_parts < 0 or max_parts > 50:
-        raise ValidationFailed("max_parts must be between 0 and 50.", fields={"max_parts": "invalid"})
+        raise ValidationFailed(_("max_parts must be between 0 and 50."), fields={"max_parts": "invalid"})
     models = sorted({m.strip() for m in (gpu_models or []) if m.strip()})
     source = system_account(kind=LedgerAccount.Kind.PROMOTIONS, unit=CARD_UNIT)
     with transaction.atomic():
@@ -160,7 +163,7 @@ def _rate_limit(*, user, ip: str | None) -> None:
             cache.set(key, 1, timeout=60)
             attempts = 1
         if attempts > limit:
-            raise RateLimited("Too many attempts; wait a minute and try again.")
+            raise RateLimited(_("Too many attempts; wait a minute and try again."))
 
 
 def card_redeem(*, user, account: Account, code: str, ip: str | None = None) -> Card:
@@ -176,10 +179,14 @@ def card_redeem(*, user, account: Account, code: str, ip: str | None = None) -> 
         data = code_normalize(code)
     except CodeMistyped:
         raise ValidationFailed(
-            "That code has a typo: check it and try again.", code="code_mistyped", fields={"code": "mistyped"}
+            _("That code has a typo: check it and try again."),
+            code="code_mistyped",
+            fields={"code": "mistyped"},
         )
     except CodeMalformed:
-        raise ValidationFailed("That is not an invite code.", code="code_invalid", fields={"code": "invalid"})
+        raise ValidationFailed(
+            _("That is not an invite code."), code="code_invalid", fields={"code": "invalid"}
+        )
     return _redeem_code(user=user, account=account, data=data, now=db_now())
 
 
@@ -187,20 +194,20 @@ def _redeem_code(*, user, account: Account, data: str, now: datetime) -> Card:
     with transaction.atomic():
         invite = InviteCode.objects.select_for_update().filter(code_hash=code_hash(data)).first()
         if invite is None:
-            raise NotFound("No card has that code.", code="code_unknown")
+            raise NotFound(_("No card has that code."), code="code_unknown")
         card = Card.objects.select_for_update().select_related("batch").get(id=invite.card_id)
         if invite.used_at is not None:
-            raise Conflict("That code has already been redeemed.", code="code_used")
+            raise Conflict(_("That code has already been redeemed."), code="code_used")
         if invite.revoked_at is not None or card.state == Card.State.REVOKED:
-            raise ValidationFailed("That code was withdrawn by its giver.", code="code_revoked")
+            raise ValidationFailed(_("That code was withdrawn by its giver."), code="code_revoked")
         if (
             card.state == Card.State.EXPIRED
             or (card.expires_at and card.expires_at <= now)
             or (invite.expires_at and invite.expires_at <= now)
         ):
-            raise ValidationFailed("That card has expired.", code="code_expired")
+            raise ValidationFailed(_("That card has expired."), code="code_expired")
         if card.state not in (Card.State.UNREDEEMED, Card.State.GIFTED):
-            raise Conflict("That code has already been redeemed.", code="code_used")
+            raise Conflict(_("That code has already been redeemed."), code="code_used")
         if card.batch.one_per_user and card.parent_id is None:
             # two codes of one batch redeemed by one user at once: the user row serialises them
             get_user_model().objects.select_for_update(no_key=True).filter(pk=user.pk).first()
@@ -209,7 +216,7 @@ def _redeem_code(*, user, account: Account, data: str, now: datetime) -> Card:
             and card.parent_id is None
             and Card.objects.filter(batch=card.batch, parent__isnull=True, redeemed_by=user).exists()
         ):
-            raise ValidationFailed("You already have a card from this batch.", code="card_limit")
+            raise ValidationFailed(_("You already have a card from this batch."), code="card_limit")
         if card.expires_at is None:
             card.expires_at = now + timedelta(days=card.batch.valid_days or 0)
             if card.batch.valid_until and card.batch.valid_until < card.expires_at:
@@ -228,7 +235,7 @@ def _redeem_code(*, user, account: Account, data: str, now: datetime) -> Card:
 def _owned_card_locked(card_id: int, account: Account) -> tuple[Card, LedgerAccount]:
     card = Card.objects.select_for_update().filter(id=card_id, owner=account).first()
     if card is None:
-        raise NotFound("No such card.")
+        raise NotFound(_("No such card."))
     ledger = LedgerAccount.objects.select_for_update().get(id=card.ledger_account_id)
     return card, ledger
 
@@ -288,12 +295,13 @@ def card_split(
     """
     idempotency_key_check(idempotency_key)
     if not isinstance(parts, list) or not parts:
-        raise ValidationFailed("Give the parts as a list of hours.", fields={"parts": "required"})
+        raise ValidationFailed(_("Give the parts as a list of hours."), fields={"parts": "required"})
     for amount in parts:
         _hours_micros(amount, "parts")
         if amount < settings.CARD_MIN_PART_MICROS:
             raise ValidationFailed(
-                f"Each part needs at least {settings.CARD_MIN_PART_MICROS / 1e6:g} hours.",
+                _("Each part needs at least %(hours)s hours.")
+                % {"hours": f"{settings.CARD_MIN_PART_MICROS / 1e6:g}"},
                 fields={"parts": "too small"},
             )
     now = db_now()
@@ -305,15 +313,16 @@ def card_split(
                 return _split_replay(replayed, parts=parts, now=now)
         _require_usable(card, now)
         if not card.splittable:
-            raise ValidationFailed("This card cannot be split.", code="not_splittable")
+            raise ValidationFailed(_("This card cannot be split."), code="not_splittable")
         made = Card.objects.filter(parent=card).exclude(state=Card.State.REVOKED).count()
         if made + len(parts) > card.max_parts:
             raise ValidationFailed(
-                f"This card can be split into at most {card.max_parts} parts.", fields={"parts": "too many"}
+                _("This card can be split into at most %(parts)s parts.") % {"parts": card.max_parts},
+                fields={"parts": "too many"},
             )
         if sum(parts) > ledger.balance_micros:
             raise ValidationFailed(
-                "The parts add up to more than the card holds.", fields={"parts": "too much"}
+                _("The parts add up to more than the card holds."), fields={"parts": "too much"}
             )
         made = _make_parts(card=card, ledger=ledger, amounts=parts, actor=actor, now=now)
         if idempotency_key:
@@ -324,7 +333,7 @@ def card_split(
 def _split_replay(replayed: list[Card], *, parts: list[int], now: datetime) -> list[tuple[Card, str]]:
     if [part.hours_micros for part in replayed] != parts:
         raise Conflict(
-            "This Idempotency-Key was used for a split into other parts.", code="idempotency_key_reused"
+            _("This Idempotency-Key was used for a split into other parts."), code="idempotency_key_reused"
         )
     answer = []
     for part in replayed:
@@ -346,7 +355,7 @@ def card_gift(*, card_id: int, account: Account, actor=None) -> tuple[Card, str]
         card, ledger = _owned_card_locked(card_id, account)
         _require_usable(card, now)
         if ledger.balance_micros <= 0:
-            raise ValidationFailed("This card is empty.", code="card_empty")
+            raise ValidationFailed(_("This card is empty."), code="card_empty")
         ((part, code),) = _make_parts(
             card=card, ledger=ledger, amounts=[ledger.balance_micros], actor=actor, now=now
         )
@@ -355,7 +364,7 @@ def card_gift(*, card_id: int, account: Account, actor=None) -> tuple[Card, str]
 
 def _require_usable(card: Card, now: datetime) -> None:
     if card.state != Card.State.ACTIVE or (card.expires_at and card.expires_at <= now):
-        raise ValidationFailed("This card is not active.", code="card_inactive")
+        raise ValidationFailed(_("This card is not active."), code="card_inactive")
 
 
 def _return_to_parent_locked(part: Card, *, kind: str, now: datetime, actor=None) -> None:
@@ -389,9 +398,11 @@ def card_revoke(*, card_id: int, account: Account, actor=None) -> Card:
     with transaction.atomic():
         part = Card.objects.select_for_update().filter(id=card_id, parent__owner=account).first()
         if part is None:
-            raise NotFound("No such card.")
+            raise NotFound(_("No such card."))
         if part.state != Card.State.GIFTED:
-            raise Conflict("Only a part nobody has redeemed yet can be revoked.", code="card_not_revocable")
+            raise Conflict(
+                _("Only a part nobody has redeemed yet can be revoked."), code="card_not_revocable"
+            )
         _return_to_parent_locked(part, kind=Transfer.Kind.CARD_REVOKE, now=now, actor=actor)
     return part
 
@@ -472,7 +483,7 @@ def card_remind(*, now: datetime | None = None) -> int:
                 expires_at__lte=now + timedelta(days=days),
             ).select_related("ledger_account", "redeemed_by")
             for card in cards:
-                _, created = Notification.objects.get_or_create(
+                _notification, created = Notification.objects.get_or_create(
                     dedupe_key=f"card:{card.id}:expiry:{days}d",
                     defaults={
                         "account_id": card.owner_id,
@@ -526,7 +537,7 @@ def card_daily_grant(*, user, account: Account, now: datetime | None = None) -> 
         existing = Card.objects.filter(batch__label=label, redeemed_by=user).first()
         if existing:
             return existing
-        _, (code,) = card_batch_issue(
+        _batch, (code,) = card_batch_issue(
             hours_micros=hours, count=1, valid_until=end_of_day, max_parts=0, label=label
         )
         return _redeem_code(user=user, account=account, data=code_normalize(code), now=local)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.utils.translation import gettext as _
 
 from billing.audit import audit_record
 from billing.errors import InsufficientFunds, ValidationFailed
@@ -26,7 +27,7 @@ def idempotency_key_check(key: str | None) -> None:
     ASCII characters."""
     if key is not None and not IDEMPOTENCY_KEY_RE.match(key):
         raise ValidationFailed(
-            "A bad Idempotency-Key.", fields={"idempotency_key": "1-200 printable characters"}
+            _("A bad Idempotency-Key."), fields={"idempotency_key": "1-200 printable characters"}
         )
 
 
@@ -94,10 +95,12 @@ def lock_accounts(ids: set[int] | list[int]) -> dict[int, LedgerAccount]:
 def _check_amount(amount_micros: object) -> int:
     if isinstance(amount_micros, bool) or not isinstance(amount_micros, int):
         raise ValidationFailed(
-            "The amount must be a whole number of micro-units.", fields={"amount_micros": "not an integer"}
+            _("The amount must be a whole number of micro-units."), fields={"amount_micros": "not an integer"}
         )
     if amount_micros <= 0:
-        raise ValidationFailed("The amount must be more than zero.", fields={"amount_micros": "must be > 0"})
+        raise ValidationFailed(
+            _("The amount must be more than zero."), fields={"amount_micros": "must be > 0"}
+        )
     return amount_micros
 
 
@@ -118,7 +121,7 @@ def post_legs_locked(*, legs: list[Leg], locked: dict[int, LedgerAccount], actor
         if debit.unit != credit.unit:
             raise ValidationFailed("The two sides of a transfer must be in the same unit.")
         if debit.kind in LedgerAccount.FLOOR_ZERO and debit.balance_micros < leg.amount_micros:
-            raise InsufficientFunds("Not enough funds for this transfer.")
+            raise InsufficientFunds(_("Not enough funds for this transfer."))
         if credit.kind in LedgerAccount.CEILING_ZERO and credit.balance_micros + leg.amount_micros > 0:
             raise ValidationFailed("An overdraft cannot be paid back beyond zero.")
         debit.balance_micros -= leg.amount_micros
@@ -212,9 +215,9 @@ def wallet_adjust(
     ValidationFailed (no reason, zero or non-integer amount), InsufficientFunds.
     """
     if not (reason or "").strip():
-        raise ValidationFailed("An adjustment needs a reason.", fields={"reason": "required"})
+        raise ValidationFailed(_("An adjustment needs a reason."), fields={"reason": "required"})
     if isinstance(amount_micros, bool) or not isinstance(amount_micros, int) or amount_micros == 0:
-        raise ValidationFailed("The adjustment must be a non-zero whole number of micro-units.")
+        raise ValidationFailed(_("The adjustment must be a non-zero whole number of micro-units."))
     wallet = wallet_for(account=account)
     pool = system_account(kind=Kind.ADJUSTMENTS)
     debit, credit = (pool, wallet) if amount_micros > 0 else (wallet, pool)

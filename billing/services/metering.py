@@ -20,6 +20,7 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 from django.conf import settings
 from django.db import connection, transaction
+from django.utils.translation import gettext as _
 
 from billing import signals
 from billing.errors import Conflict, InsufficientFunds, NotFound, ValidationFailed
@@ -84,8 +85,11 @@ def account_can_launch(*, account: Account, quote: PriceQuote, gpu_model: str) -
     wallet_seconds = money * 3600 // quote.price_micros_per_hour if money > 0 else 0
     if card_seconds + wallet_seconds < need_seconds:
         raise InsufficientFunds(
-            f"Not enough funds: this launch needs at least {settings.BILLING_ADMISSION_MINUTES} minutes of "
-            "credit on a compute card or in the wallet."
+            _(
+                "Not enough funds: this launch needs at least %(minutes)s minutes of credit on a compute "
+                "card or in the wallet."
+            )
+            % {"minutes": settings.BILLING_ADMISSION_MINUTES}
         )
 
 

@@ -15,6 +15,7 @@ from fractions import Fraction
 from django.conf import settings
 from django.db import transaction
 from django.db.models.functions import Now
+from django.utils.translation import gettext as _
 
 from billing.audit import audit_record
 from billing.errors import NotFound, ValidationFailed
@@ -40,7 +41,7 @@ def profile_fraction(profile: str) -> Fraction:
     match = _MIG.match(profile)
     if match:
         return Fraction(int(match.group(1)), 7)
-    raise NotFound(f"Unknown profile {profile!r}.")
+    raise NotFound(_("Unknown profile %(profile)s.") % {"profile": repr(profile)})
 
 
 def _current(queryset, at: datetime | None):
@@ -61,7 +62,7 @@ def price_quote(*, gpu_model: str, profile: str, at: datetime | None = None) -> 
     if profile == CPU:
         price = _current(Price.objects.filter(gpu_model__in=[gpu_model, ""], profile=CPU), at)
         if price is None:
-            raise NotFound("The cpu profile is not priced.")
+            raise NotFound(_("The cpu profile is not priced."))
         return PriceQuote(
             price.id, price.price_micros_per_hour, settings.BILLING_CPU_CARD_BURN_MICROS_PER_HOUR
         )
@@ -72,7 +73,9 @@ def price_quote(*, gpu_model: str, profile: str, at: datetime | None = None) -> 
         return PriceQuote(own.id, own.price_micros_per_hour, int(burn))
     whole = _current(Price.objects.filter(gpu_model=gpu_model, profile=WHOLE), at)
     if whole is None:
-        raise NotFound(f"{gpu_model} {profile} is not priced.")
+        raise NotFound(
+            _("%(gpu_model)s %(profile)s is not priced.") % {"gpu_model": gpu_model, "profile": profile}
+        )
     return PriceQuote(whole.id, int(whole.price_micros_per_hour * fraction), int(burn))
 
 
@@ -87,11 +90,16 @@ def price_set(
 ) -> Price:
     """Add a price version (prices are never edited); writes an audit row. Raises ValidationFailed."""
     if isinstance(price_micros_per_hour, bool) or not isinstance(price_micros_per_hour, int):
-        raise ValidationFailed("A price is a whole number of micro-units per hour.")
+        raise ValidationFailed(_("A price is a whole number of micro-units per hour."))
     if price_micros_per_hour < 0:
-        raise ValidationFailed("A price cannot be negative.")
+        raise ValidationFailed(_("A price cannot be negative."))
     if profile != CPU:
-        profile_fraction(profile)
+        try:
+            profile_fraction(profile)
+        except NotFound:
+            raise ValidationFailed(
+                _("Unknown profile %(profile)s.") % {"profile": repr(profile)}, fields={"profile": "unknown"}
+            ) from None
     with transaction.atomic():
         before = _current(Price.objects.filter(gpu_model=gpu_model, profile=profile), None)
         fields = {"effective_from": effective_from} if effective_from else {}
@@ -116,7 +124,7 @@ def price_set(
 def burn_rate_set(*, gpu_model: str, multiplier_milli: int, actor=None, reason: str = "") -> CardBurnRate:
     """Add a card burn multiplier version for a GPU model; writes an audit row."""
     if isinstance(multiplier_milli, bool) or not isinstance(multiplier_milli, int) or multiplier_milli <= 0:
-        raise ValidationFailed("A burn multiplier is a positive whole number of thousandths.")
+        raise ValidationFailed(_("A burn multiplier is a positive whole number of thousandths."))
     with transaction.atomic():
         rate = CardBurnRate.objects.create(gpu_model=gpu_model, multiplier_milli=multiplier_milli)
         audit_record(

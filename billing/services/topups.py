@@ -16,6 +16,7 @@ import stripe
 from django.conf import settings
 from django.db import transaction
 from django.db.models.functions import Now
+from django.utils.translation import gettext as _
 
 from billing.errors import ValidationFailed
 from billing.models import Account, LedgerAccount, TopUp, Transfer
@@ -45,30 +46,31 @@ def amount_parse(*, amount_micros: object = None, amount: object = None, currenc
     currency. Raises ValidationFailed for anything else (floats, fractions of a micro, other currencies)."""
     if currency is not None and str(currency).upper() != money_unit():
         raise ValidationFailed(
-            f"Amounts are in {money_unit()}.", fields={"currency": f"only {money_unit()} is accepted"}
+            _("Amounts are in %(unit)s.") % {"unit": money_unit()},
+            fields={"currency": f"only {money_unit()} is accepted"},
         )
     if amount_micros is not None and amount is not None:
-        raise ValidationFailed("Give amount_micros or amount, not both.")
+        raise ValidationFailed(_("Give amount_micros or amount, not both."))
     if amount_micros is not None:
         if isinstance(amount_micros, bool) or not isinstance(amount_micros, int):
             raise ValidationFailed(
-                "amount_micros must be a whole number.", fields={"amount_micros": "not a whole number"}
+                _("amount_micros must be a whole number."), fields={"amount_micros": "not a whole number"}
             )
         return amount_micros
     if not isinstance(amount, str) or len(amount) > 32:
         raise ValidationFailed(
-            "Give the amount as a decimal string.", fields={"amount": "not a decimal string"}
+            _("Give the amount as a decimal string."), fields={"amount": "not a decimal string"}
         )
     try:
         value = Decimal(amount.strip())
     except InvalidOperation:
-        raise ValidationFailed("The amount is not a number.", fields={"amount": "not a number"})
+        raise ValidationFailed(_("The amount is not a number."), fields={"amount": "not a number"})
     if not value.is_finite():
-        raise ValidationFailed("The amount is not a number.", fields={"amount": "not a number"})
+        raise ValidationFailed(_("The amount is not a number."), fields={"amount": "not a number"})
     micros = value * 1_000_000
     if micros != micros.to_integral_value():
         raise ValidationFailed(
-            "The amount has more decimals than a micro-unit.", fields={"amount": "too precise"}
+            _("The amount has more decimals than a micro-unit."), fields={"amount": "too precise"}
         )
     return int(micros)
 
@@ -87,19 +89,22 @@ def topup_create(
     idempotency key. Raises ValidationFailed (bounds, amount not in whole minor units, Stripe not set up).
     """
     if isinstance(amount_micros, bool) or not isinstance(amount_micros, int) or amount_micros <= 0:
-        raise ValidationFailed("The amount must be more than zero.", fields={"amount": "must be > 0"})
+        raise ValidationFailed(_("The amount must be more than zero."), fields={"amount": "must be > 0"})
     if not settings.TOPUP_MIN_MICROS <= amount_micros <= settings.TOPUP_MAX_MICROS:
         low, high = settings.TOPUP_MIN_MICROS / 1e6, settings.TOPUP_MAX_MICROS / 1e6
         raise ValidationFailed(
-            f"A top-up is between {low:g} and {high:g} {money_unit()}.",
+            _("A top-up is between %(low)s and %(high)s %(unit)s.")
+            % {"low": f"{low:g}", "high": f"{high:g}", "unit": money_unit()},
             fields={"amount": "out of bounds"},
         )
     currency = money_unit()
     per_minor = 1_000_000 // minor_units_per_major(currency)
     if amount_micros % per_minor:
-        raise ValidationFailed("Card payments go in whole cents.", fields={"amount": "not whole cents"})
+        raise ValidationFailed(_("Card payments go in whole cents."), fields={"amount": "not whole cents"})
     if not settings.STRIPE_SECRET_KEY:
-        raise ValidationFailed("Card payments are not configured on this site.", code="payments_unavailable")
+        raise ValidationFailed(
+            _("Card payments are not configured on this site."), code="payments_unavailable"
+        )
     _stripe_client()
     wallet_url = settings.SITE_URL.rstrip("/") + "/wallet/"
     try:
@@ -124,11 +129,11 @@ def topup_create(
     except stripe.StripeError as exc:
         log.warning("stripe checkout creation failed: %s", exc)
         raise ValidationFailed(
-            "The payment provider refused the top-up; try again later.", code="payment_error"
+            _("The payment provider refused the top-up; try again later."), code="payment_error"
         )
     session = session.to_dict()
     with transaction.atomic():
-        topup, _ = TopUp.objects.get_or_create(
+        topup, _created = TopUp.objects.get_or_create(
             checkout_session_id=session["id"],
             defaults={
                 "account": account,
@@ -227,7 +232,7 @@ def wallet_credit_promotion(
     """Credit promotional money (demo seeds, goodwill) to a wallet, once per key; pays back the
     overdraft first. Raises ValidationFailed for a non-positive amount."""
     if isinstance(amount_micros, bool) or not isinstance(amount_micros, int) or amount_micros <= 0:
-        raise ValidationFailed("The amount must be more than zero.")
+        raise ValidationFailed(_("The amount must be more than zero."))
     with transaction.atomic():
         return _credit_locked(
             account=account,

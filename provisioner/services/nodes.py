@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 from django.db import transaction
 from django.utils import timezone
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 
 from billing.audit import audit_record
 from billing.errors import Conflict, NotFound, ValidationFailed
@@ -29,10 +31,10 @@ def node_enroll(*, name: str, address: str, labels: dict | None = None, actor=No
     """
     name = (name or "").strip()
     if not name:
-        raise ValidationFailed("A node needs a name.", fields={"name": "required"})
+        raise ValidationFailed(_("A node needs a name."), fields={"name": "required"})
     if not address.startswith(("http://", "https://")):
         raise ValidationFailed(
-            "The address is the agent's base URL.", fields={"address": "must be http(s)://…"}
+            _("The address is the agent's base URL."), fields={"address": "must be http(s)://…"}
         )
     token = new_token()
     with transaction.atomic():
@@ -81,6 +83,12 @@ _ALLOWED = {
     "uncordon": {Node.State.CORDONED, Node.State.DRAINING},
 }
 _TARGET = {"cordon": Node.State.CORDONED, "drain": Node.State.DRAINING, "uncordon": Node.State.ACTIVE}
+# A whole sentence per action (the verb is no fragment to splice into a translation).
+_REFUSED_ACTION = {
+    "cordon": gettext_lazy("Cannot cordon a node that is %(state)s."),
+    "drain": gettext_lazy("Cannot drain a node that is %(state)s."),
+    "uncordon": gettext_lazy("Cannot uncordon a node that is %(state)s."),
+}
 
 
 def node_set_state(*, node_id: int, action: str, actor=None, reason: str = "") -> Node:
@@ -93,19 +101,19 @@ def node_set_state(*, node_id: int, action: str, actor=None, reason: str = "") -
     from provisioner.services.sessions import session_stop
 
     if action not in _TARGET:
-        raise ValidationFailed(f"Unknown action {action!r}.")
+        raise ValidationFailed(_("Unknown action %(action)s.") % {"action": repr(action)})
     target = _TARGET[action]
     with transaction.atomic():
         node = Node.objects.select_for_update(no_key=True).filter(id=node_id).first()
         if node is None:
-            raise NotFound("No such node.")
+            raise NotFound(_("No such node."))
         before = {"state": node.state}
         if node.state == Node.State.DOWN:
             node.state_before_down = target
         elif node.state == target:
             return node
         elif node.state not in _ALLOWED[action]:
-            raise Conflict(f"Cannot {action} a node that is {node.state}.")
+            raise Conflict(_REFUSED_ACTION[action] % {"state": node.state})
         else:
             node.state = target
         node.save(update_fields=["state", "state_before_down"])
@@ -129,17 +137,17 @@ def device_set_sharing_policy(*, device_id: int, sharing_policy: str, actor=None
     from provisioner.models import Allocation
 
     if sharing_policy not in Device.Sharing.values:
-        raise ValidationFailed("Unknown sharing policy.", fields={"sharing_policy": "unknown"})
+        raise ValidationFailed(_("Unknown sharing policy."), fields={"sharing_policy": "unknown"})
     with transaction.atomic():
         device = Device.objects.select_for_update(no_key=True).filter(id=device_id).first()
         if device is None:
-            raise NotFound("No such device.")
+            raise NotFound(_("No such device."))
         if device.sharing_policy == sharing_policy:
             return device
         if device.kind == Device.Kind.MIG:
-            raise Conflict("A MIG device is always passed through whole.")
+            raise Conflict(_("A MIG device is always passed through whole."))
         if Allocation.objects.filter(device=device).exists():
-            raise Conflict("Stop the sessions on this GPU before changing its sharing policy.")
+            raise Conflict(_("Stop the sessions on this GPU before changing its sharing policy."))
         before = {"sharing_policy": device.sharing_policy}
         device.sharing_policy = sharing_policy
         device.save(update_fields=["sharing_policy"])
@@ -162,7 +170,7 @@ def device_force_free(*, device_id: int, actor=None, reason: str = "") -> int:
     with transaction.atomic():
         freed = Allocation.objects.filter(device_id=device_id, session__state__in=Session.ENDED)
         ids = list(freed.values_list("session_id", flat=True))
-        count, _ = freed.delete()
+        count, _by_model = freed.delete()
         if ids:
             device = Device.objects.get(id=device_id)
             audit_record(

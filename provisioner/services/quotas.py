@@ -16,6 +16,8 @@ from django.db import transaction
 from django.db.models import CharField, Count, Q, Sum
 from django.db.models.functions import Cast
 from django.utils import timezone
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 
 from billing.audit import audit_record
 from billing.errors import QuotaExceeded, ValidationFailed
@@ -122,35 +124,80 @@ def usage_of_member(*, user, account: Account) -> Usage:
     return _usage(Session.objects.filter(owner=user, account=account))
 
 
+# One whole sentence per subject and limit, never a translated subject spliced into a translated
+# sentence: word order differs between languages. Lazy: translated when raised, inside the request, into
+# the user's language.
+_REFUSALS = {
+    "you": {
+        "gpu_model": gettext_lazy("You may not use %(gpu_model)s."),
+        "profile": gettext_lazy("You may not use the %(profile)s profile."),
+        "sessions": gettext_lazy("You already have %(used)s of at most %(limit)s sessions."),
+        "eighths": gettext_lazy(
+            "You already have %(used)s/8 of at most %(limit)s/8 of a GPU in use; "
+            "this needs %(needed)s/8 more."
+        ),
+        "hours": gettext_lazy("You may run a session for at most %(hours)s hours."),
+        "spend": gettext_lazy("You reached this month's spending cap."),
+    },
+    "team": {
+        "gpu_model": gettext_lazy("This team may not use %(gpu_model)s."),
+        "profile": gettext_lazy("This team may not use the %(profile)s profile."),
+        "sessions": gettext_lazy("This team already has %(used)s of at most %(limit)s sessions."),
+        "eighths": gettext_lazy(
+            "This team already has %(used)s/8 of at most %(limit)s/8 of a GPU in use; "
+            "this needs %(needed)s/8 more."
+        ),
+        "hours": gettext_lazy("This team may run a session for at most %(hours)s hours."),
+        "spend": gettext_lazy("This team reached this month's spending cap."),
+    },
+    "member": {
+        "gpu_model": gettext_lazy("Your share of this team may not use %(gpu_model)s."),
+        "profile": gettext_lazy("Your share of this team may not use the %(profile)s profile."),
+        "sessions": gettext_lazy(
+            "Your share of this team already has %(used)s of at most %(limit)s sessions."
+        ),
+        "eighths": gettext_lazy(
+            "Your share of this team already has %(used)s/8 of at most %(limit)s/8 of a GPU in use; "
+            "this needs %(needed)s/8 more."
+        ),
+        "hours": gettext_lazy("Your share of this team may run a session for at most %(hours)s hours."),
+        "spend": gettext_lazy("Your share of this team reached this month's spending cap."),
+    },
+}
+
+
 def _check(
-    limits: Limits, usage: Usage, *, who: str, has: str, gpu_model: str, profile: Profile, max_seconds: int
+    limits: Limits, usage: Usage, *, subject: str, gpu_model: str, profile: Profile, max_seconds: int
 ) -> None:
-    """Raise QuotaExceeded when one more session breaks a limit. ``who`` is the subject of the message
-    ("You", "This team"), ``has`` its verb ("have", "has")."""
+    """Raise QuotaExceeded when one more session breaks a limit. ``subject`` ("you", "team", "member")
+    picks the sentences of the message (``_REFUSALS``)."""
+    refusal = _REFUSALS[subject]
     if limits.allowed_gpu_models is not None and gpu_model and gpu_model not in limits.allowed_gpu_models:
-        raise QuotaExceeded(f"{who} may not use {gpu_model}.", fields={"gpu_model": "not allowed by quota"})
+        raise QuotaExceeded(
+            refusal["gpu_model"] % {"gpu_model": gpu_model}, fields={"gpu_model": "not allowed by quota"}
+        )
     if limits.allowed_profiles is not None and profile.name not in limits.allowed_profiles:
         raise QuotaExceeded(
-            f"{who} may not use the {profile.name} profile.", fields={"profile": "not allowed by quota"}
+            refusal["profile"] % {"profile": profile.name}, fields={"profile": "not allowed by quota"}
         )
     if limits.max_sessions is not None and usage.sessions + 1 > limits.max_sessions:
         raise QuotaExceeded(
-            f"{who} already {has} {usage.sessions} of at most {limits.max_sessions} sessions.",
+            refusal["sessions"] % {"used": usage.sessions, "limit": limits.max_sessions},
             code="quota_sessions",
         )
     if limits.max_eighths is not None and usage.eighths + profile.quota_eighths > limits.max_eighths:
         raise QuotaExceeded(
-            f"{who} already {has} {usage.eighths}/8 of at most {limits.max_eighths}/8 of a GPU in use; "
-            f"this needs {profile.quota_eighths}/8 more.",
+            refusal["eighths"]
+            % {"used": usage.eighths, "limit": limits.max_eighths, "needed": profile.quota_eighths},
             code="quota_gpu_share",
         )
     if limits.max_session_seconds is not None and max_seconds > limits.max_session_seconds:
         raise QuotaExceeded(
-            f"{who} may run a session for at most {limits.max_session_seconds / 3600:g} hours.",
+            refusal["hours"] % {"hours": f"{limits.max_session_seconds / 3600:g}"},
             fields={"max_hours": "longer than the quota allows"},
         )
     if limits.monthly_spend_cap_micros is not None and usage.spend_micros >= limits.monthly_spend_cap_micros:
-        raise QuotaExceeded(f"{who} reached this month's spending cap.", code="quota_spend")
+        raise QuotaExceeded(str(refusal["spend"]), code="quota_spend")
 
 
 @dataclass(frozen=True)
@@ -159,24 +206,18 @@ class Subject:
 
     limits: Limits
     sessions: Q  # the sessions that count, as a filter on Session
-    who: str  # the subject of the message: "You", "This team"
-    has: str  # its verb: "have", "has"
+    subject: str  # whose limits, for the message: "you", "team" or "member" (see ``_REFUSALS``)
 
 
 def quota_subjects(*, user, account: Account) -> list[Subject]:
     """The limits a launch by ``user`` paying with ``account`` must fit: the user's, and for a team
     account the team's and the member's. Read before the launch's transaction: quotas change only by an
     admin's hand, and a change committed a moment later would have been read a moment later anyway."""
-    subjects = [Subject(limits_for_user(user=user), Q(owner=user), "You", "have")]
+    subjects = [Subject(limits_for_user(user=user), Q(owner=user), "you")]
     if account.kind == Account.Kind.TEAM:
         subjects += [
-            Subject(limits_for_account(account=account), Q(account=account), "This team", "has"),
-            Subject(
-                limits_for_member(user=user, account=account),
-                Q(owner=user, account=account),
-                "Your share of this team",
-                "has",
-            ),
+            Subject(limits_for_account(account=account), Q(account=account), "team"),
+            Subject(limits_for_member(user=user, account=account), Q(owner=user, account=account), "member"),
         ]
     return subjects
 
@@ -209,8 +250,7 @@ def quota_admit(
         _check(
             subject.limits,
             Usage(totals[f"n{i}"], totals[f"e{i}"] or 0, spend),
-            who=subject.who,
-            has=subject.has,
+            subject=subject.subject,
             gpu_model=gpu_model,
             profile=profile,
             max_seconds=max_seconds,
@@ -220,15 +260,15 @@ def quota_admit(
 def _clean_limits(limits: dict) -> dict:
     unknown = set(limits) - set(LIMIT_FIELDS)
     if unknown:
-        raise ValidationFailed("Unknown quota fields.", fields=dict.fromkeys(sorted(unknown), "unknown"))
+        raise ValidationFailed(_("Unknown quota fields."), fields=dict.fromkeys(sorted(unknown), "unknown"))
     for field in ("max_eighths", "max_sessions", "max_session_seconds", "monthly_spend_cap_micros"):
         value = limits.get(field)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise ValidationFailed("A limit is a whole number ≥ 0 or empty.", fields={field: "invalid"})
+            raise ValidationFailed(_("A limit is a whole number ≥ 0 or empty."), fields={field: "invalid"})
     for field in ("allowed_gpu_models", "allowed_profiles"):
         value = limits.get(field)
         if value is not None and (not isinstance(value, list) or not all(isinstance(v, str) for v in value)):
-            raise ValidationFailed("A list of names or empty.", fields={field: "invalid"})
+            raise ValidationFailed(_("A list of names or empty."), fields={field: "invalid"})
     return limits
 
 
@@ -239,7 +279,7 @@ def quota_set(
     """Create or change the quota of a user, a team account or a member (both). Locks the row; writes an
     audit row with the limits before and after. Raises ValidationFailed."""
     if user is None and account is None:
-        raise ValidationFailed("A quota belongs to a user, an account or both.")
+        raise ValidationFailed(_("A quota belongs to a user, an account or both."))
     limits = _clean_limits(dict(limits))
     quota = Quota.objects.select_for_update().filter(user=user, account=account).first()
     before = quota.limits() if quota else None

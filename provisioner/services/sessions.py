@@ -25,6 +25,7 @@ from django.contrib.auth import get_user_model
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
+from django.utils.translation import gettext as _
 
 from billing.errors import ApplicationError, NotFound, ValidationFailed
 from billing.models import Account
@@ -97,18 +98,27 @@ def _catalog(
 ) -> tuple[GpuModel | None, Profile, Environment]:
     profile_obj = Profile.objects.filter(name=profile).first()
     if profile_obj is None:
-        raise ValidationFailed(f"Unknown profile {profile!r}.", fields={"profile": "unknown"})
+        raise ValidationFailed(
+            _("Unknown profile %(profile)s.") % {"profile": repr(profile)}, fields={"profile": "unknown"}
+        )
     env = Environment.objects.filter(name=environment, enabled=True).first()
     if env is None:
-        raise ValidationFailed(f"Unknown environment {environment!r}.", fields={"environment": "unknown"})
+        raise ValidationFailed(
+            _("Unknown environment %(environment)s.") % {"environment": repr(environment)},
+            fields={"environment": "unknown"},
+        )
     if profile_obj.kind == Profile.Kind.CPU:
         return None, profile_obj, env
     model = GpuModel.objects.filter(name=gpu_model, enabled=True).first()
     if model is None:
-        raise ValidationFailed(f"Unknown GPU model {gpu_model!r}.", fields={"gpu_model": "unknown"})
+        raise ValidationFailed(
+            _("Unknown GPU model %(gpu_model)s.") % {"gpu_model": repr(gpu_model)},
+            fields={"gpu_model": "unknown"},
+        )
     if profile not in model.profiles:
         raise ValidationFailed(
-            f"{model.name} is not offered as {profile}.", fields={"profile": f"not offered on {model.name}"}
+            _("%(gpu_model)s is not offered as %(profile)s.") % {"gpu_model": model.name, "profile": profile},
+            fields={"profile": f"not offered on {model.name}"},
         )
     return model, profile_obj, env
 
@@ -122,7 +132,9 @@ def _seconds(value, *, field: str, default: float, unit: int) -> int:
     if value is None:
         value = default
     if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise ValidationFailed(f"{field} must be a positive number.", fields={field: "must be > 0"})
+        raise ValidationFailed(
+            _("%(field)s must be a positive number.") % {"field": field}, fields={field: "must be > 0"}
+        )
     return max(1, int(value * unit))
 
 
@@ -158,7 +170,7 @@ def session_launch(
             return existing
     model, profile_obj, env = _catalog(gpu_model=gpu_model, profile=profile, environment=environment)
     if account.id not in {a.id for a in _paying_accounts(user)}:
-        raise NotFound("No such account.", fields={"account": "not one you may pay with"})
+        raise NotFound(_("No such account."), fields={"account": "not one you may pay with"})
     max_seconds = _seconds(
         max_hours, field="max_hours", default=settings.SESSION_DEFAULT_MAX_HOURS, unit=3600
     )
@@ -169,7 +181,11 @@ def session_launch(
     try:
         quote = price_quote(gpu_model=model_name, profile=profile_obj.name)
     except NotFound:
-        raise ValidationFailed(f"{model_name or 'cpu'} {profile} has no price yet.", code="unpriced")
+        raise ValidationFailed(
+            _("%(gpu_model)s %(profile)s has no price yet.")
+            % {"gpu_model": model_name or "cpu", "profile": profile},
+            code="unpriced",
+        )
 
     subjects = quota_subjects(user=user, account=account)
     candidates = free_index(gpu_model=model) if model is not None else None
