@@ -18,8 +18,9 @@ TOKEN_PREFIX = "sl_"
 LAST_USED_RESOLUTION = timedelta(minutes=1)
 
 # The scope a token needs, by API path prefix; reads need "read" or the area's own scope. Paths not
-# listed (the staff endpoints, and views without a ``token_scope``) take read-only tokens for reads and
-# no token at all for writes: a leaked token never enrols a node or changes a quota.
+# listed (the staff endpoints, the teams, and views without a ``token_scope``) take read-only tokens for
+# reads and no token at all for writes: a leaked token never enrols a node, changes a quota or removes a
+# team's member.
 SCOPE_BY_PREFIX = (
     ("/api/v1/sessions", "sessions"),
     ("/api/v1/catalog", "sessions"),

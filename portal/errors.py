@@ -31,7 +31,7 @@ ERROR_SCHEMA = {
 ERRORS_OF_EVERY_CALL = {
     "400": "Invalid input",
     "401": "No credentials, or a token that is unknown, expired or revoked",
-    "403": "Not allowed: a token without the scope, or a staff-only endpoint",
+    "403": "Not allowed: a token without the scope, a staff-only endpoint, or not your role in a team",
     "404": "No such object (also another tenant's)",
     "429": "Rate limited",
 }

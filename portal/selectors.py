@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from django.db.models import QuerySet
 
+from billing import selectors as billing_selectors
 from billing.models import Account
-from portal.models import Membership, Team, User
+from portal.models import Membership, Team, TeamInvite, User
+from provisioner.services import quotas
 
 
 def team_list_for_user(*, user: User) -> QuerySet[Team]:
@@ -18,6 +22,50 @@ def team_get_for_member(*, user: User, slug: str) -> tuple[Team, Membership] | N
         Membership.objects.select_related("team", "team__account").filter(user=user, team__slug=slug).first()
     )
     return (membership.team, membership) if membership else None
+
+
+def team_member_get(*, team: Team, user_id: int) -> User | None:
+    """A member of ``team`` by user id, or None for anyone not in it."""
+    return User.objects.filter(pk=user_id, memberships__team=team).first()
+
+
+def team_open_invites(*, team: Team) -> QuerySet[TeamInvite]:
+    """The team's invites not revoked, newest first (the last 20)."""
+    return team.invites.filter(revoked_at__isnull=True).order_by("-created_at")[:20]
+
+
+@dataclass(frozen=True)
+class MemberSpend:
+    """One member of a team, their use of the team's account this month, and their own cap inside the
+    team's quota (a limit of None: no cap of their own)."""
+
+    membership: Membership
+    limits: quotas.Limits
+    usage: quotas.Usage
+
+
+def team_member_spend(*, team: Team, user_id: int | None = None) -> list[MemberSpend]:
+    """Every member of ``team`` (or the one with ``user_id``) with their spend on its account this month
+    and their cap, by role and name."""
+    memberships = team.memberships.select_related("user").order_by("role", "user__username")
+    if user_id is not None:
+        memberships = memberships.filter(user_id=user_id)
+    members = quotas.members_of_account(account=team.account)
+    nothing = (quotas.Limits(None, None, None, None, None, None), quotas.Usage(0, 0, 0))
+    return [MemberSpend(m, *members.get(m.user_id, nothing)) for m in memberships]
+
+
+def team_overview(*, team: Team) -> dict:
+    """A team's wallet and cards, its quota and what it uses of it, and each member's spend this month
+    with their cap (the caps a team admin sets inside the team's quota)."""
+    account = team.account
+    return {
+        "team_funds": billing_selectors.account_funds(account=account),
+        "team_cards": billing_selectors.usable_cards(account=account).count(),
+        "team_limits": quotas.limits_for_account(account=account),
+        "team_usage": quotas.usage_of_account(account=account),
+        "member_rows": team_member_spend(team=team),
+    }
 
 
 def accounts_payable_by(*, user: User) -> list[Account]:

@@ -18,6 +18,8 @@ from billing.audit import audit_record
 from billing.errors import Conflict, Forbidden, NotFound, ValidationFailed
 from billing.models import Account
 from portal.models import AccessToken, Membership, Team, TeamInvite, User
+from provisioner.models import Quota
+from provisioner.services import quotas
 
 INVITE_ALPHABET = "ABCDEFGHJKMNPQRSTVWXYZ23456789"
 
@@ -216,6 +218,49 @@ def team_member_set_role(*, team: Team, actor: User, member: User, role: str) ->
             reason=member.username,
         )
         return target
+
+
+def team_member_cap_set(
+    *,
+    team: Team,
+    actor: User,
+    member: User,
+    max_eighths: int | None,
+    monthly_spend_cap_micros: int | None,
+) -> Quota:
+    """Cap one member of ``team`` inside the team's own quota: at most ``max_eighths`` eighths of a GPU
+    at once and ``monthly_spend_cap_micros`` a month on the team's account (None: no cap of their own).
+    Only the team's owners and admins may, and never above the team's limit. ``quota_set`` locks the
+    member's quota row and writes the audit row. Raises NotFound (the actor or ``member`` is not in the
+    team), Forbidden, ValidationFailed."""
+    if not _membership(team, actor).manages_team:
+        raise Forbidden(_("Only the team's owners and admins set caps."))
+    if not Membership.objects.filter(team=team, user=member).exists():
+        raise NotFound(_("No such member in this team."))
+    team_limits = quotas.limits_for_account(account=team.account)
+    # quota_set checks that the limits are whole numbers ≥ 0; only the team's ceiling is checked here.
+    if (
+        max_eighths is not None
+        and team_limits.max_eighths is not None
+        and max_eighths > team_limits.max_eighths
+    ):
+        raise ValidationFailed(
+            _("A member's cap cannot exceed the team's (%(n)s/8).") % {"n": team_limits.max_eighths},
+            fields={"max_eighths": "over the team's limit"},
+        )
+    team_cap = team_limits.monthly_spend_cap_micros
+    if monthly_spend_cap_micros is not None and team_cap is not None and monthly_spend_cap_micros > team_cap:
+        raise ValidationFailed(
+            _("A member's monthly cap cannot exceed the team's."),
+            fields={"monthly_spend_cap_micros": "over the team's limit"},
+        )
+    return quotas.quota_set(
+        user=member,
+        account=team.account,
+        limits={"max_eighths": max_eighths, "monthly_spend_cap_micros": monthly_spend_cap_micros},
+        actor=actor,
+        reason="team admin: member cap",
+    )
 
 
 def access_token_create(

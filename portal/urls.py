@@ -46,6 +46,24 @@ urlpatterns = [
     path("api/v1/me", api.MeView.as_view(), name="api_me"),
     path("api/v1/tokens", api.TokenListView.as_view(), name="api_tokens"),
     path("api/v1/tokens/<int:token_id>", api.TokenDetailView.as_view(), name="api_token"),
+    path("api/v1/teams", api.TeamListView.as_view(), name="api_teams"),
+    path("api/v1/teams/join", api.TeamJoinView.as_view(), name="api_team_join"),
+    path("api/v1/teams/<slug:slug>", api.TeamDetailView.as_view(), name="api_team"),
+    path("api/v1/teams/<slug:slug>/leave", api.TeamLeaveView.as_view(), name="api_team_leave"),
+    path("api/v1/teams/<slug:slug>/invites", api.TeamInviteListView.as_view(), name="api_team_invites"),
+    path(
+        "api/v1/teams/<slug:slug>/invites/<int:invite_id>",
+        api.TeamInviteDetailView.as_view(),
+        name="api_team_invite",
+    ),
+    path(
+        "api/v1/teams/<slug:slug>/members/<int:user_id>", api.TeamMemberView.as_view(), name="api_team_member"
+    ),
+    path(
+        "api/v1/teams/<slug:slug>/members/<int:user_id>/cap",
+        api.TeamMemberCapView.as_view(),
+        name="api_team_member_cap",
+    ),
     path("api/schema/", SpectacularAPIView.as_view(), name="api_schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api_schema"), name="api_docs"),
     path("admin/", admin.site.urls),

@@ -17,7 +17,8 @@ from django.utils.translation import gettext as _
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
-from billing.errors import ApplicationError
+from billing.errors import ApplicationError, ValidationFailed
+from billing.services.topups import amount_parse
 from portal import selectors, services
 from portal.forms import ProfileForm, SignupForm, TeamCreateForm, TeamInviteForm, TeamJoinForm
 from portal.health import health_report
@@ -175,6 +176,18 @@ def _team_or_404(request: HttpRequest, slug: str):
     return found
 
 
+def _member_cap_from_form(form) -> tuple[int | None, int | None]:
+    """The member-cap form's two fields: a whole number of eighths and a money amount; empty is no cap."""
+    raw_eighths, raw_spend = form.get("max_eighths", "").strip(), form.get("spend_cap", "").strip()
+    max_eighths = None
+    if raw_eighths:
+        try:
+            max_eighths = int(raw_eighths)
+        except ValueError:
+            raise ValidationFailed(_("The GPU cap is a whole number of eighths.")) from None
+    return max_eighths, amount_parse(amount=raw_spend) if raw_spend else None
+
+
 @login_required
 def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
     team, membership = _team_or_404(request, slug)
@@ -202,16 +215,14 @@ def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
                     )
                     messages.success(request, _("Role changed."))
             elif action == "cap":
-                from portal.session_pages import team_member_cap_set
-
                 member = User.objects.get(memberships__team=team, pk=request.POST.get("member"))
-                team_member_cap_set(
+                max_eighths, spend_cap_micros = _member_cap_from_form(request.POST)
+                services.team_member_cap_set(
                     team=team,
-                    membership=membership,
-                    member=member,
-                    max_eighths=request.POST.get("max_eighths", ""),
-                    spend_cap=request.POST.get("spend_cap", ""),
                     actor=request.user,
+                    member=member,
+                    max_eighths=max_eighths,
+                    monthly_spend_cap_micros=spend_cap_micros,
                 )
                 messages.success(request, _("Cap set for %(name)s.") % {"name": member.username})
             elif action == "leave":
@@ -227,16 +238,12 @@ def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
         "team": team,
         "membership": membership,
         "members": team.memberships.select_related("user").order_by("role", "user__username"),
-        "invites": team.invites.filter(revoked_at__isnull=True).order_by("-created_at")[:20]
-        if membership.manages_team
-        else [],
+        "invites": selectors.team_open_invites(team=team) if membership.manages_team else [],
         "invite_form": invite_form,
         "roles": Membership.Role.choices,
         "join_base": request.build_absolute_uri(reverse("team_join")),
     }
-    from portal.session_pages import team_overview
-
-    context |= team_overview(team=team, membership=membership)
+    context |= selectors.team_overview(team=team)
     return render(request, "portal/team_detail.html", context)
 
 

@@ -9,6 +9,7 @@ invite code row, so any number of concurrent redemptions of one code make exactl
 
 from __future__ import annotations
 
+import hashlib
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -241,7 +242,13 @@ def _owned_card_locked(card_id: int, account: Account) -> tuple[Card, LedgerAcco
 
 
 def _make_parts(
-    *, card: Card, ledger: LedgerAccount, amounts: list[int], actor, now: datetime
+    *,
+    card: Card,
+    ledger: LedgerAccount,
+    amounts: list[int],
+    actor,
+    now: datetime,
+    split_key: str | None = None,
 ) -> list[tuple[Card, str]]:
     ledgers = LedgerAccount.objects.bulk_create(
         [LedgerAccount(kind=LedgerAccount.Kind.CARD, unit=CARD_UNIT) for _ in amounts]
@@ -259,6 +266,7 @@ def _make_parts(
                 gifted_by=actor if getattr(actor, "pk", None) else None,
                 expires_at=card.expires_at,
                 state=Card.State.GIFTED,
+                split_key=split_key,
             )
             for la, amount in zip(ledgers, amounts, strict=True)
         ]
@@ -266,8 +274,14 @@ def _make_parts(
     locked = lock_accounts([ledger.id, *(la.id for la in ledgers)])
     post_legs_locked(
         legs=[
-            Leg(ledger.id, part.ledger_account_id, amount, Transfer.Kind.CARD_SPLIT, f"card:{part.id}:split")
-            for part, amount in zip(parts, amounts, strict=True)
+            Leg(
+                ledger.id,
+                part.ledger_account_id,
+                amount,
+                Transfer.Kind.CARD_SPLIT,
+                _split_transfer_key(card=card, part=part, index=index, split_key=split_key),
+            )
+            for index, (part, amount) in enumerate(zip(parts, amounts, strict=True))
         ],
         locked=locked,
         actor=actor,
@@ -280,6 +294,16 @@ def _make_parts(
     return [(part, _new_code(part, expires_at=code_expiry)) for part in parts]
 
 
+def _split_transfer_key(*, card: Card, part: Card, index: int, split_key: str | None) -> str:
+    """A split under a client's Idempotency-Key names the key (hashed: the ledger's keys are 200
+    characters at most) in its transfers' keys, so the ledger's unique key, not only the card lock,
+    refuses a second split of the card under that key."""
+    if split_key is None:
+        return f"card:{part.id}:split"
+    digest = hashlib.sha256(split_key.encode()).hexdigest()[:40]
+    return f"card:{card.id}:split:{digest}:{index}"
+
+
 def card_split(
     *, card_id: int, account: Account, parts: list[int], actor=None, idempotency_key: str | None = None
 ) -> list[tuple[Card, str]]:
@@ -287,7 +311,9 @@ def card_split(
     a new code (returned once); the parts keep the card's restrictions and expiry.
 
     Locks the card and its ledger account, so concurrent splits never take more than it holds.
-    Idempotent by ``idempotency_key`` per card: a replay splits nothing and returns the same parts.
+    Idempotent by ``idempotency_key`` per card: a replay splits nothing and returns the same parts. The
+    card lock serialises replays, and the key is in the split's transfer keys, so the ledger's unique
+    key refuses a second split under it even where the lock were bypassed.
     Codes are stored hashed, so the first ones cannot be shown again: a replay gives each part not yet
     redeemed a fresh code and retires the old one (the caller that lost the answer never saw it).
     Raises NotFound, ValidationFailed (not splittable, too many parts, a part below the minimum,
@@ -324,10 +350,9 @@ def card_split(
             raise ValidationFailed(
                 _("The parts add up to more than the card holds."), fields={"parts": "too much"}
             )
-        made = _make_parts(card=card, ledger=ledger, amounts=parts, actor=actor, now=now)
-        if idempotency_key:
-            Card.objects.filter(id__in=[part.id for part, _code in made]).update(split_key=idempotency_key)
-        return made
+        return _make_parts(
+            card=card, ledger=ledger, amounts=parts, actor=actor, now=now, split_key=idempotency_key
+        )
 
 
 def _split_replay(replayed: list[Card], *, parts: list[int], now: datetime) -> list[tuple[Card, str]]:

@@ -4,7 +4,7 @@ import pytest
 from django.core.cache import cache
 from rest_framework.test import APIClient
 
-from billing.models import Card
+from billing.models import Card, Transfer
 from billing.services.cards import card_batch_issue
 from portal.services import team_create, user_create
 from tests.billing.conftest import fund
@@ -140,6 +140,7 @@ def test_a_split_replayed_with_its_key_splits_once_and_gives_fresh_codes():
     ids = [p["card"]["id"] for p in first.json()["parts"]]
     assert [p["card"]["id"] for p in again.json()["parts"]] == ids
     assert client.get(f"/api/v1/cards/{card['id']}").json()["hours_left_micros"] == 5_000_000
+    assert Transfer.objects.filter(kind=Transfer.Kind.CARD_SPLIT).count() == 2  # the replay posted nothing
     # The first codes were replaced: the replay's work, the first ones do not.
     old, new = first.json()["parts"][0]["code"], again.json()["parts"][0]["code"]
     assert old != new

@@ -11,14 +11,15 @@ import pytest
 from django.core import mail
 from django.core.cache import cache
 from django.core.management import call_command
-from django.db import connection
+from django.db import IntegrityError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from rest_framework.test import APIClient
 
 from billing.codes import code_generate, code_normalize
-from billing.models import CARD_UNIT, Card, CardBatch, LedgerAccount, Notification
+from billing.models import CARD_UNIT, Card, CardBatch, LedgerAccount, Notification, Transfer
 from billing.services.cards import (
+    _make_parts,
     card_batch_issue,
     card_daily_grant,
     card_expire,
@@ -222,6 +223,30 @@ def test_split_errors_change_nothing():
 
     Card.objects.filter(id=card.id).update(expires_at=db_now() - timedelta(seconds=1))
     assert client.post(url, {"parts": [1]}, format="json").json()["error"]["code"] == "card_inactive"
+
+
+def test_a_split_key_reaches_the_ledger_whose_unique_key_refuses_a_second_split_under_it():
+    """The card lock makes a replay return the first parts; under it, the split's transfers carry the
+    key, so even a split that skipped the replay check could not post twice under one key."""
+    alice = _user("alice")
+    _, (code,) = card_batch_issue(hours_micros=10 * HOUR, count=1, valid_days=30, max_parts=5)
+    card = card_redeem(user=alice, account=alice.account, code=code)
+    made = card_split(card_id=card.id, account=alice.account, parts=[2 * HOUR, HOUR], idempotency_key="k-1")
+    keys = Transfer.objects.filter(kind=Transfer.Kind.CARD_SPLIT).values_list("idempotency_key", flat=True)
+    assert len(keys) == 2 and all(k.startswith(f"card:{card.id}:split:") for k in keys)
+    assert {part.split_key for part, _code in made} == {"k-1"}
+    with pytest.raises(IntegrityError), transaction.atomic():
+        locked = Card.objects.select_for_update().get(id=card.id)
+        ledger = LedgerAccount.objects.select_for_update().get(id=card.ledger_account_id)
+        _make_parts(card=locked, ledger=ledger, amounts=[HOUR], actor=None, now=db_now(), split_key="k-1")
+    card.ledger_account.refresh_from_db()
+    assert card.ledger_account.balance_micros == 7 * HOUR
+    assert Card.objects.filter(parent=card).count() == 2
+    # without a key (and under another) splits stay independent
+    card_split(card_id=card.id, account=alice.account, parts=[HOUR], idempotency_key="k-2")
+    card_split(card_id=card.id, account=alice.account, parts=[HOUR])
+    assert Card.objects.filter(parent=card).count() == 4
+    assert_ledger_invariants()
 
 
 def test_parts_keep_restrictions_and_expiry_and_lineage_names_users_only():

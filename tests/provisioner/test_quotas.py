@@ -11,7 +11,14 @@ from billing.models import AuditEntry, Meter
 from billing.services.metering import meter_open
 from billing.services.pricing import price_quote
 from provisioner.models import Allocation, AllocationSlot, Quota, Session
-from provisioner.services.quotas import limits_for_user, quota_set, usage_of_user
+from provisioner.services.quotas import (
+    limits_for_member,
+    limits_for_user,
+    members_of_account,
+    quota_set,
+    usage_of_member,
+    usage_of_user,
+)
 from provisioner.services.sessions import session_end
 from tests.provisioner.factories import (
     A100,
@@ -191,6 +198,24 @@ def test_a_member_cap_inside_the_team(fleet):
     )
     launch(teacher, account=team.account, profile="1/2")  # the cap is the student's alone
     launch(student, profile="1/4")  # and only inside the team
+
+
+def test_members_of_an_account_agree_with_each_members_own_figures(fleet, django_assert_max_num_queries):
+    """The team page's bulk read: the same caps and use as the per-member reads, in four queries."""
+    teacher, student, idle = user_make(), user_make(), user_make()
+    team = team_make(teacher, members=[student, idle])
+    quota_set(user=student, account=team.account, limits={"max_eighths": 2})
+    launch(student, account=team.account, profile="1/8")
+    _spent(launch(teacher, account=team.account, profile="1/2"), 5_000)
+    launch(idle)  # on their own account: not the team's use
+    with django_assert_max_num_queries(4):
+        members = members_of_account(account=team.account)
+    for user in (teacher, student):
+        assert members[user.id] == (
+            limits_for_member(user=user, account=team.account),
+            usage_of_member(user=user, account=team.account),
+        )
+    assert idle.id not in members
 
 
 def test_the_users_own_quota_holds_on_a_team_account(fleet):

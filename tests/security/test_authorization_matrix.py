@@ -1,7 +1,8 @@
 """The authorisation matrix: every ``/api/v1/`` endpoint, called by someone who must not reach the
 object (another user, a team member on another member's session, a team owner on a member's notebook, a
-non-member on a team's account, a non-staff user on the staff endpoints), answers 404 (403 for the
-staff endpoints), shows none of the owner's data, and changes nothing.
+non-member on a team's account or the team itself, a plain member on the team's roles and caps, a
+non-staff user on the staff endpoints), answers 404 (403 for the staff endpoints and for a member whose
+role may not), shows none of the owner's data, and changes nothing.
 
 The endpoints come from the URL resolver and the OpenAPI document: one without a row in MATRIX fails
 ``test_every_api_endpoint_is_in_the_matrix``, so a new endpoint cannot be forgotten.
@@ -31,8 +32,8 @@ from billing.models import (
     Transfer,
 )
 from billing.services.cards import card_batch_issue, card_redeem
-from portal.models import AccessToken, Membership
-from portal.services import access_token_create, team_create
+from portal.models import AccessToken, Membership, TeamInvite
+from portal.services import access_token_create, team_create, team_invite_create
 from provisioner.models import Node, Quota, Session
 from provisioner.services.sessions import session_launch
 from tests.billing.conftest import fund
@@ -96,6 +97,7 @@ class World:
     mallory: object  # another tenant, in no team
     staff: object
     team: object
+    mallory_team: object  # mallory's own team, where she is the owner
     alice_session: Session
     bob_team_session: Session  # bob's, paid by the team's account
     alice_card: Card
@@ -146,6 +148,8 @@ def world(db, settings) -> World:
     team = team_create(creator=alice, name="skunkworks")
     Membership.objects.create(team=team, user=bob, role=Membership.Role.MEMBER)
     fund(team.account, 50_000_000)
+    team_invite_create(team=team, actor=alice)
+    mallory_team = team_create(creator=mallory, name="mallorylab")
     _batch, (spare_code,) = card_batch_issue(hours_micros=2 * HOUR, count=1, valid_days=30)
     alice_token, _raw = access_token_create(user=alice, name="alice-ci", scopes=ALL_SCOPES)
     return World(
@@ -154,6 +158,7 @@ def world(db, settings) -> World:
         mallory=mallory,
         staff=staff,
         team=team,
+        mallory_team=mallory_team,
         alice_session=_launch(alice, alice.account),
         bob_team_session=_launch(bob, team.account),
         alice_card=_redeemed_card(alice, alice.account, 6),
@@ -177,6 +182,8 @@ def state_of_the_world() -> dict:
         "tokens": sorted(AccessToken.objects.values_list("id", "revoked_at")),
         "nodes": sorted(Node.objects.values_list("id", "state")),
         "quotas": sorted(Quota.objects.values_list("id", "updated_at")),
+        "memberships": sorted(Membership.objects.values_list("id", "team_id", "user_id", "role")),
+        "invites": sorted(TeamInvite.objects.values_list("id", "uses", "revoked_at")),
         "audit": AuditEntry.objects.count(),
         "prices": Price.objects.count(),
         "batches": CardBatch.objects.count(),
@@ -239,12 +246,59 @@ def _session_probes(method: str, suffix: str, body=None) -> list[Probe]:
     ]
 
 
+def _team_probes(method: str, suffix: Callable[[World], str], body=None) -> list[Probe]:
+    """A stranger to the team, and staff (who are not in it), get 404 on the team and its members. With
+    a token a write is refused before that (403): team changes take a browser session."""
+    token = 403 if method != "GET" else None
+    return [
+        Probe(method, lambda w: f"/api/v1/teams/{w.team.slug}{suffix(w)}", body, expect_with_token=token),
+        Probe(
+            method,
+            lambda w: f"/api/v1/teams/{w.team.slug}{suffix(w)}",
+            body,
+            who="staff",
+            expect_with_token=token,
+        ),
+    ]
+
+
+def _member_probes(method: str, suffix: str, body=None) -> list[Probe]:
+    """Team writes on alice's team: a plain member may not (403), a stranger finds no team (404), and
+    the owner of another team finds no such member in hers (404)."""
+    return [
+        *_team_probes(method, lambda w: f"/members/{w.alice.pk}{suffix}", body),
+        Probe(
+            method,
+            lambda w: f"/api/v1/teams/{w.team.slug}/members/{w.alice.pk}{suffix}",
+            body,
+            expect=403,
+            who="bob",
+            expect_with_token=403,
+        ),
+        Probe(
+            method,
+            lambda w: f"/api/v1/teams/{w.team.slug}/members/{w.bob.pk}{suffix}",
+            body,
+            expect=403,
+            who="bob",
+            expect_with_token=403,
+        ),
+        Probe(
+            method,
+            lambda w: f"/api/v1/teams/{w.mallory_team.slug}/members/{w.bob.pk}{suffix}",
+            body,
+            expect_with_token=403,
+        ),
+    ]
+
+
 def _staff_probes(method: str, url, body=None) -> list[Probe]:
     return [Probe(method, url, body, expect=403), Probe(method, url, body, expect=403, who="bob")]
 
 
 LAUNCH = {"gpu_model": A100, "profile": "1/8", "environment": ENV}
 QUOTA = {"limits": {"max_sessions": 99}, "reason": "intruder"}
+CAP = {"max_eighths": 1, "monthly_spend_cap_micros": 1_000_000}
 PRICE = {"gpu_model": A100, "profile": "whole", "price_micros_per_hour": 5_000_000, "reason": "new quarter"}
 BATCH = {"hours": "2.5", "count": 3, "valid_days": 30, "label": "course"}
 
@@ -299,6 +353,44 @@ MATRIX: dict[tuple[str, str], list[Probe]] = {
     ("POST", "/api/v1/sessions/{session_id}/stop"): _session_probes(
         "POST", "/stop", lambda w: {"reason": "x"}
     ),
+    ("GET", "/api/v1/teams"): [
+        Probe("GET", lambda w: "/api/v1/teams", expect=200),
+        Probe("GET", lambda w: "/api/v1/teams", expect=200, who="staff"),
+    ],
+    ("POST", "/api/v1/teams"): [  # anyone may create a team: a bad one is refused and makes nothing
+        Probe("POST", lambda w: "/api/v1/teams", lambda w: {"name": "   "}, expect=400, expect_with_token=403)
+    ],
+    ("POST", "/api/v1/teams/join"): [
+        Probe("POST", lambda w: "/api/v1/teams/join", lambda w: {"code": "NOT-A-CODE"}, expect_with_token=403)
+    ],
+    ("GET", "/api/v1/teams/{slug}"): _team_probes("GET", lambda w: ""),
+    ("POST", "/api/v1/teams/{slug}/leave"): _team_probes("POST", lambda w: "/leave"),
+    ("POST", "/api/v1/teams/{slug}/invites"): [
+        *_team_probes("POST", lambda w: "/invites", lambda w: {}),
+        Probe(
+            "POST",
+            lambda w: f"/api/v1/teams/{w.team.slug}/invites",
+            lambda w: {},
+            expect=403,
+            who="bob",
+            expect_with_token=403,
+        ),
+    ],
+    ("DELETE", "/api/v1/teams/{slug}/invites/{invite_id}"): [
+        *_team_probes("DELETE", lambda w: f"/invites/{TeamInvite.objects.get(team=w.team).id}"),
+        Probe(
+            "DELETE",
+            lambda w: f"/api/v1/teams/{w.team.slug}/invites/{TeamInvite.objects.get(team=w.team).id}",
+            expect=403,
+            who="bob",
+            expect_with_token=403,
+        ),
+    ],
+    ("PUT", "/api/v1/teams/{slug}/members/{user_id}"): _member_probes(
+        "PUT", "", lambda w: {"role": Membership.Role.OWNER}
+    ),
+    ("DELETE", "/api/v1/teams/{slug}/members/{user_id}"): _member_probes("DELETE", ""),
+    ("PUT", "/api/v1/teams/{slug}/members/{user_id}/cap"): _member_probes("PUT", "/cap", lambda w: CAP),
     ("GET", "/api/v1/admin/nodes"): _staff_probes("GET", lambda w: "/api/v1/admin/nodes"),
     ("POST", "/api/v1/admin/nodes"): _staff_probes(
         "POST", lambda w: "/api/v1/admin/nodes", lambda w: {"name": "rogue", "address": "http://10.0.0.9:1"}

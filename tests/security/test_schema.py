@@ -21,8 +21,9 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance, status_code_conformance
 
 from billing.services.cards import card_batch_issue, card_redeem
-from portal.services import access_token_create
-from tests.provisioner.conftest import make_catalog, make_node, make_user
+from portal.models import Membership
+from portal.services import access_token_create, team_create, team_invite_create
+from tests.provisioner.conftest import A100, make_catalog, make_node, make_user
 
 APP = get_wsgi_application()
 CONFIG = schemathesis.Config.from_dict(
@@ -70,6 +71,76 @@ def test_api_answers_as_documented(case, token_headers):
     case.call_and_validate(headers=token_headers, checks=CHECKS)
 
 
+CSRF = "c" * 32  # a CSRF secret: Django takes it unmasked in the X-CSRFToken header as in the cookie
+
+
+def _browser(user) -> dict:
+    """The cookies and header of a logged-in browser session, for the calls no token may make."""
+    from django.test import Client
+
+    client = Client()
+    client.force_login(user)
+    return {
+        "cookies": {"sessionid": client.cookies["sessionid"].value, "csrftoken": CSRF},
+        "headers": {"X-CSRFToken": CSRF},
+    }
+
+
+def _documented(method: str, path: str, session: dict, *, expect: int, **case) -> dict | None:
+    if "body" in case:
+        case["media_type"] = "application/json"
+    answer = user_schema[path][method].Case(cookies=session["cookies"], headers=session["headers"], **case)
+    response = answer.call_and_validate(checks=CHECKS)
+    assert response.status_code == expect, response.content[:500]
+    return response.json() if response.content else None
+
+
+def test_answers_with_real_data_match_the_schema(db, in_process_requests, settings):
+    """The fuzzer rarely names a real team, card or batch, so the new endpoints' 2xx answers are also
+    checked here, with real objects, against the same schema and checks."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    cache.clear()
+    make_catalog()
+    owner, member, staff = make_user("owner"), make_user("member"), make_user("ops", staff=True)
+    team = team_create(creator=owner, name="lab")
+    Membership.objects.create(team=team, user=member, role=Membership.Role.MEMBER)
+    team_invite_create(team=team, actor=owner)
+    lead = _browser(owner)
+    slug, user_id = {"slug": team.slug}, {"slug": team.slug, "user_id": member.pk}
+    _documented("GET", "/api/v1/teams", lead, expect=200)
+    assert _documented("GET", "/api/v1/teams/{slug}", lead, expect=200, path_parameters=slug)["invites"]
+    assert _documented("GET", "/api/v1/teams/{slug}", _browser(member), expect=200, path_parameters=slug)[
+        "members"
+    ]
+    cap = {"max_eighths": 2, "monthly_spend_cap_micros": None}
+    path = "/api/v1/teams/{slug}/members/{user_id}"
+    _documented("PUT", path + "/cap", lead, expect=200, path_parameters=user_id, body=cap)
+    _documented("PUT", path, lead, expect=200, path_parameters=user_id, body={"role": "admin"})
+    _documented("DELETE", path, lead, expect=204, path_parameters=user_id)
+
+    _batch, (code,) = card_batch_issue(hours_micros=6_000_000, count=1, valid_days=30)
+    card = card_redeem(user=owner, account=owner.account, code=code)
+    split = {"path_parameters": {"card_id": card.id}, "body": {"parts": ["1.5", "1"]}}
+    once = {**lead["headers"], "Idempotency-Key": "split-real-data"}
+    first = _documented(
+        "POST", "/api/v1/cards/{card_id}/split", {**lead, "headers": once}, expect=201, **split
+    )
+    again = _documented(
+        "POST", "/api/v1/cards/{card_id}/split", {**lead, "headers": once}, expect=200, **split
+    )
+    assert [p["card"]["id"] for p in again["parts"]] == [p["card"]["id"] for p in first["parts"]]
+
+    ops = _browser(staff)
+    price = {"gpu_model": A100, "profile": "whole", "price_micros_per_hour": 4_000_000}
+    _documented("POST", "/api/v1/admin/prices", ops, expect=201, body=price)
+    _documented("GET", "/api/v1/admin/prices", ops, expect=200)
+    batch = {"hours": "2", "count": 2, "valid_days": 7}
+    issued = _documented("POST", "/api/v1/admin/card-batches", ops, expect=201, body=batch)
+    _documented("GET", "/api/v1/admin/card-batches", ops, expect=200)
+    batch_id = {"batch_id": issued["batch"]["id"]}
+    _documented("GET", "/api/v1/admin/card-batches/{batch_id}", ops, expect=200, path_parameters=batch_id)
+
+
 @pytest.mark.django_db
 def test_the_served_schema_names_the_token_scheme_and_the_error_body():
     document = APIClient().get("/api/schema/?format=json").json()
@@ -95,3 +166,4 @@ def test_the_schema_generates_without_a_warning_and_every_operation_id_is_unique
     ids = [op["operationId"] for operations in document["paths"].values() for op in operations.values()]
     assert len(ids) == len(set(ids))
     assert {"cards_split", "sessions_list", "sessions_retrieve", "wallet_topup_create"} <= set(ids)
+    assert {"teams_list", "teams_retrieve", "teams_member_cap_set", "admin_card_batches_create"} <= set(ids)
