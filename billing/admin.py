@@ -28,15 +28,19 @@ from billing.models import (
     Entry,
     InviteCode,
     LedgerAccount,
+    LedgerHold,
     Meter,
     Notification,
     Price,
+    StripeEvent,
     TopUp,
+    TopUpDispute,
     Transfer,
 )
 from billing.services.cards import card_batch_issue
 from billing.services.ledger import wallet_adjust, wallet_for
 from billing.services.pricing import burn_rate_set, price_set
+from billing.services.reconcile import ledger_hold_resolve
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -292,6 +296,69 @@ class TopUpAdmin(ReadOnlyAdmin):
     @admin.display(description="amount", ordering="amount_micros")
     def amount(self, obj: TopUp) -> str:
         return _micros(obj.amount_micros)
+
+
+@admin.register(TopUpDispute)
+class TopUpDisputeAdmin(ReadOnlyAdmin):
+    list_display = ("created_at", "dispute_id", "topup", "amount", "state", "held", "closed_at")
+    list_filter = ("state",)
+    search_fields = ("dispute_id", "topup__checkout_session_id", "topup__account__name")
+
+    @admin.display(description="amount", ordering="amount_micros")
+    def amount(self, obj: TopUpDispute) -> str:
+        return _micros(obj.amount_micros)
+
+
+@admin.register(StripeEvent)
+class StripeEventAdmin(ReadOnlyAdmin):
+    list_display = ("received_at", "event_id", "type", "outcome", "applied_at")
+    list_filter = ("type", "outcome")
+    search_fields = ("event_id", "payment_intent_id")
+
+
+# --- reconciliation -----------------------------------------------------------------------------------
+
+
+class HoldResolveForm(forms.ModelForm):
+    rebuild = forms.BooleanField(
+        required=False, help_text="Balance holds: set the cached balance back to the sum of its entries."
+    )
+
+    class Meta:
+        model = LedgerHold
+        fields = ["resolution", "rebuild"]
+
+
+@admin.register(LedgerHold)
+class LedgerHoldAdmin(admin.ModelAdmin):
+    """What the ledger check found. Resolving needs a note (what was wrong, which reversing transfer
+    corrected it); it unblocks the account's launches and leaves an audit row. Nothing else changes."""
+
+    form = HoldResolveForm
+    list_display = ("found_at", "kind", "subject", "account", "resolved_at", "resolved_by")
+    list_filter = ("kind", ("resolved_at", admin.EmptyFieldListFilter))
+    readonly_fields = ("kind", "subject", "account", "ledger_account", "detail", "found_at", "resolved_at")
+    list_select_related = ("account", "resolved_by")
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return super().has_change_permission(request, obj) and (obj is None or obj.resolved_at is None)
+
+    def save_model(self, request, obj, form, change):
+        try:
+            ledger_hold_resolve(
+                hold=obj,
+                actor=request.user,
+                resolution=form.cleaned_data["resolution"],
+                rebuild=form.cleaned_data.get("rebuild", False),
+            )
+        except ApplicationError as exc:
+            self.message_user(request, exc.message, level=messages.ERROR)
 
 
 # --- compute cards ------------------------------------------------------------------------------------

@@ -68,6 +68,7 @@ class LedgerAccount(models.Model):
         PROMOTIONS = "promotions", _("Promotions")
         CARD_BURN = "card_burn", _("Card burn")
         CARD_EXPIRY = "card_expiry", _("Card expiry")
+        DISPUTES = "disputes", _("Disputed payments held")
 
     FLOOR_ZERO = (Kind.WALLET, Kind.CARD)
     CEILING_ZERO = (Kind.OVERDRAFT,)
@@ -129,6 +130,10 @@ class Transfer(models.Model):
         CARD_REVOKE = "card_revoke", _("Card revoke")
         CARD_EXPIRE = "card_expire", _("Card expiry")
         CARD_GRANT = "card_grant", _("Daily grant")
+        REFUND = "refund", _("Refund")
+        DISPUTE_HOLD = "dispute_hold", _("Disputed payment held")
+        DISPUTE_RELEASE = "dispute_release", _("Dispute won, payment released")
+        DISPUTE_LOST = "dispute_lost", _("Dispute lost")
 
     debit = models.ForeignKey(LedgerAccount, on_delete=models.PROTECT, related_name="debits")
     credit = models.ForeignKey(LedgerAccount, on_delete=models.PROTECT, related_name="credits")
@@ -286,10 +291,13 @@ class Meter(models.Model):
 
 
 class TopUp(models.Model):
+    """One Stripe Checkout payment into a wallet, and what Stripe said about it afterwards."""
+
     class State(models.TextChoices):
         PENDING = "pending", _("Pending")
         PAID = "paid", _("Paid")
         EXPIRED = "expired", _("Expired")
+        FAILED = "failed", _("Payment failed")
 
     account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="topups")
     amount_micros = models.BigIntegerField()
@@ -297,19 +305,120 @@ class TopUp(models.Model):
     checkout_session_id = models.CharField(max_length=255, unique=True)
     checkout_url = models.URLField(max_length=2000, blank=True)
     state = models.CharField(max_length=8, choices=State.choices, default=State.PENDING)
+    # Known once the session completes; refunds and disputes name the payment, not the session.
+    payment_intent_id = models.CharField(max_length=255, blank=True, db_index=True)
+    refunded_micros = models.BigIntegerField(default=0)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     created_at = models.DateTimeField(auto_now_add=True)
     paid_at = models.DateTimeField(null=True, blank=True)
+    closed_at = models.DateTimeField(null=True, blank=True)  # expired or failed
 
     class Meta:
         constraints = [
-            models.CheckConstraint(condition=models.Q(amount_micros__gt=0), name="topup_amount_positive")
+            models.CheckConstraint(condition=models.Q(amount_micros__gt=0), name="topup_amount_positive"),
+            models.CheckConstraint(
+                condition=models.Q(refunded_micros__gte=0, refunded_micros__lte=models.F("amount_micros")),
+                name="topup_refund_within_amount",
+            ),
         ]
 
     def __str__(self) -> str:
         return f"top-up {self.amount_micros} {self.currency} ({self.state})"
+
+
+class TopUpDispute(models.Model):
+    """A chargeback on a top-up: the amount is held while it is open, then released or lost."""
+
+    class State(models.TextChoices):
+        OPEN = "open", _("Disputed")
+        WON = "won", _("Dispute won")
+        LOST = "lost", _("Dispute lost")
+
+    dispute_id = models.CharField(max_length=255, unique=True)
+    topup = models.ForeignKey(TopUp, on_delete=models.PROTECT, related_name="disputes")
+    amount_micros = models.BigIntegerField()
+    state = models.CharField(max_length=8, choices=State.choices, default=State.OPEN)
+    held = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    closed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=models.Q(amount_micros__gt=0), name="dispute_amount_positive")
+        ]
+
+    def __str__(self) -> str:
+        return f"dispute {self.dispute_id} ({self.state})"
+
+
+class StripeEvent(models.Model):
+    """Every signed Stripe event received, once by id. An event about a payment not yet known (a refund
+    that overtook its checkout) waits here, unapplied, until the checkout links the payment."""
+
+    event_id = models.CharField(max_length=255, unique=True)
+    type = models.CharField(max_length=100)
+    payment_intent_id = models.CharField(max_length=255, blank=True)
+    payload = models.JSONField()
+    outcome = models.CharField(max_length=64, blank=True)
+    received_at = models.DateTimeField(auto_now_add=True)
+    applied_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(
+                fields=["payment_intent_id"],
+                condition=models.Q(applied_at__isnull=True),
+                name="stripe_waiting",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.type} {self.event_id}"
+
+
+# --- reconciliation -----------------------------------------------------------------------------------
+
+
+class LedgerHold(models.Model):
+    """A mismatch the reconciliation found. While open, the account it names cannot launch; a system
+    ledger account's mismatch (no owner) is shown to staff but blocks nobody."""
+
+    class Kind(models.TextChoices):
+        BALANCE = "balance", _("Cached balance differs from its entries")
+        FLOOR = "floor", _("Balance beyond its floor")
+        UNIT = "unit", _("Entries do not sum to zero in a unit")
+        TRANSFER = "transfer", _("Transfer without two balancing entries")
+
+    kind = models.CharField(max_length=12, choices=Kind.choices)
+    account = models.ForeignKey(
+        Account, null=True, blank=True, on_delete=models.PROTECT, related_name="ledger_holds"
+    )
+    ledger_account = models.ForeignKey(
+        LedgerAccount, null=True, blank=True, on_delete=models.PROTECT, related_name="holds"
+    )
+    subject = models.CharField(max_length=100)  # what is wrong, as a key: "la:12", "unit:CNY", "transfer:7"
+    detail = models.JSONField(default=dict)
+    found_at = models.DateTimeField(auto_now_add=True)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    resolved_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    resolution = models.TextField(blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["kind", "subject"], condition=models.Q(resolved_at__isnull=True), name="one_open_hold"
+            )
+        ]
+        indexes = [
+            models.Index(fields=["account"], condition=models.Q(resolved_at__isnull=True), name="hold_open")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} hold on {self.subject}"
 
 
 # --- compute cards ------------------------------------------------------------------------------------

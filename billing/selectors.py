@@ -13,7 +13,17 @@ from django.utils.module_loading import import_string
 from django.utils.translation import gettext as _
 
 from billing.errors import NotFound
-from billing.models import Account, Card, Entry, Notification, Price
+from billing.models import (
+    Account,
+    Card,
+    Entry,
+    LedgerHold,
+    Notification,
+    Price,
+    StripeEvent,
+    TopUp,
+    TopUpDispute,
+)
 
 
 @dataclass(frozen=True)
@@ -224,3 +234,64 @@ def card_detail(*, account: Account, card_id: int) -> dict:
 def notifications_unread(*, account: Account) -> QuerySet[Notification]:
     """The account's unread notifications (card expiry reminders), newest first, for its pages."""
     return Notification.objects.filter(account=account, read_at__isnull=True).order_by("-created_at", "-id")
+
+
+@dataclass(frozen=True)
+class TopUpRow:
+    """A top-up as its payer sees it: what Stripe last said, in words."""
+
+    topup: TopUp
+    status: str  # pending, paid, expired, failed, refunded, partly_refunded, disputed, dispute_lost
+    label: str
+    note: str
+
+
+def _topup_row(topup: TopUp) -> TopUpRow:
+    disputes = {d.state for d in topup.disputes.all()}
+    refunded = topup.refunded_micros
+    if topup.state == TopUp.State.PENDING:
+        return TopUpRow(topup, "pending", _("Pending"), _("Waiting for the payment to be confirmed."))
+    if topup.state == TopUp.State.EXPIRED:
+        note = _("The payment page closed or timed out before paying; nothing was charged.")
+        return TopUpRow(topup, "expired", _("Expired"), note)
+    if topup.state == TopUp.State.FAILED:
+        note = _("The bank did not confirm the payment; nothing was credited.")
+        return TopUpRow(topup, "failed", _("Payment failed"), note)
+    if TopUpDispute.State.OPEN in disputes:
+        note = _("The card holder disputed this payment; the amount is held until the dispute closes.")
+        return TopUpRow(topup, "disputed", _("Disputed"), note)
+    if TopUpDispute.State.LOST in disputes:
+        note = _("The dispute was lost; the amount went back to the card holder.")
+        return TopUpRow(topup, "dispute_lost", _("Dispute lost"), note)
+    if refunded and refunded >= topup.amount_micros:
+        note = _("Refunded to the card; the amount left the wallet.")
+        return TopUpRow(topup, "refunded", _("Refunded"), note)
+    if refunded:
+        note = _("%(amount)s %(unit)s was refunded to the card and left the wallet.") % {
+            "amount": f"{refunded / 1_000_000:.2f}",
+            "unit": topup.currency,
+        }
+        return TopUpRow(topup, "partly_refunded", _("Partly refunded"), note)
+    return TopUpRow(topup, "paid", _("Paid"), _("Credited to the wallet."))
+
+
+def topups_recent(*, account: Account, limit: int = 10) -> list[TopUpRow]:
+    """The account's latest top-ups with their state in words, newest first (two queries)."""
+    topups = TopUp.objects.filter(account=account).prefetch_related("disputes").order_by("-created_at", "-id")
+    return [_topup_row(t) for t in topups[:limit]]
+
+
+@dataclass(frozen=True)
+class LedgerHealth:
+    holds_by_kind: dict[str, int]
+    stripe_events_waiting: int
+
+
+def ledger_health() -> LedgerHealth:
+    """What the reconciliation left open and the Stripe events still waiting for their payment."""
+    counts = dict.fromkeys(LedgerHold.Kind.values, 0)
+    open_holds = LedgerHold.objects.filter(resolved_at__isnull=True).values_list("kind", flat=True)
+    for kind in open_holds:
+        counts[kind] += 1
+    waiting = StripeEvent.objects.filter(applied_at__isnull=True).count()
+    return LedgerHealth(holds_by_kind=counts, stripe_events_waiting=waiting)

@@ -6,6 +6,7 @@ from celery import shared_task
 
 from billing.services.cards import card_expire, card_remind
 from billing.services.metering import metering_tick
+from billing.services.reconcile import ledger_reconcile
 
 
 @shared_task(name="billing.tasks.metering_tick_task", ignore_result=True)
@@ -21,3 +22,8 @@ def card_expire_task() -> int:
 @shared_task(name="billing.tasks.card_remind_task", ignore_result=True)
 def card_remind_task() -> int:
     return card_remind()
+
+
+@shared_task(name="billing.tasks.ledger_reconcile_task", ignore_result=True)
+def ledger_reconcile_task() -> int:
+    return len(ledger_reconcile())

@@ -107,6 +107,7 @@ def wallet(request: HttpRequest) -> HttpResponse:
         "kinds": Transfer.Kind.choices,
         "kind": request.GET.get("kind", ""),
         "spend": daily_spend(account=account),
+        "topups": billing_selectors.topups_recent(account=account),
         "new_key": __import__("uuid").uuid4().hex,
     }
     return render(request, "portal/wallet.html", context)

@@ -36,6 +36,7 @@ try:
     STRIPE_SECRET_KEY = env("STRIPE_SECRET_KEY", "")
     STRIPE_WEBHOOK_SECRET = env("STRIPE_WEBHOOK_SECRET", "")
     STRIPE_API_BASE = env("STRIPE_API_BASE", "")  # a local fake Stripe in tests and demos
+    METRICS_TOKEN = env("METRICS_TOKEN", "")  # /metrics: a bearer token, or loopback only when empty
     EMAIL_URL = env("EMAIL_URL", "console://", email_url)
     DEFAULT_FROM_EMAIL = env("DEFAULT_FROM_EMAIL", "Suanli <noreply@localhost>")
     TIME_ZONE = env("TIME_ZONE", "Asia/Shanghai")
@@ -210,6 +211,10 @@ CELERY_BEAT_SCHEDULE = {
     "billing-card-remind": {
         "task": "billing.tasks.card_remind_task",
         "schedule": env("CARD_REMIND_SECONDS", 3600.0),
+    },
+    "billing-ledger-reconcile": {
+        "task": "billing.tasks.ledger_reconcile_task",
+        "schedule": env("LEDGER_RECONCILE_SECONDS", 600.0),
     },
     # --- provisioner schedule (owned by provisioner) ---
     "provisioner-liveness": {

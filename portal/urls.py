@@ -3,11 +3,12 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from portal import api, pages, session_pages, views
+from portal import api, metrics, pages, session_pages, views
 
 urlpatterns = [
     path("", views.home, name="home"),
     path("healthz", views.healthz, name="healthz"),
+    path("metrics", metrics.metrics, name="metrics"),
     path("signup/", views.signup, name="signup"),
     path("login/", views.ThrottledLoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),

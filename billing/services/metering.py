@@ -28,6 +28,7 @@ from billing.models import CARD_UNIT, Account, LedgerAccount, Meter, Transfer
 from billing.selectors import account_funds
 from billing.services.ledger import money_unit, overdraft_for, system_account, wallet_for
 from billing.services.pricing import PriceQuote
+from billing.services.reconcile import account_hold_check
 
 TICK_LOCK_KEY = 0x5A11B111  # pg advisory lock: one metering tick at a time
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -72,9 +73,22 @@ def _cost(rate_per_hour: int, seconds: int) -> int:
 
 
 def account_can_launch(*, account: Account, quote: PriceQuote, gpu_model: str) -> None:
-    """Raise InsufficientFunds unless cards usable for ``gpu_model`` plus the wallet cover
+    """Raise Conflict while a reconciliation hold is open on the account, InsufficientFunds while it
+    owes money (an overdraft its wallet does not cover), and InsufficientFunds unless cards usable for
+    ``gpu_model`` plus the wallet cover
     ``BILLING_ADMISSION_MINUTES`` at ``quote`` (accruals not yet posted count as spent). Reads only."""
+    account_hold_check(account=account)
     funds = account_funds(account=account, gpu_model=gpu_model)
+    if funds.overdraft_micros < 0 and funds.wallet_micros + funds.overdraft_micros < 0:
+        owed = -(funds.wallet_micros + funds.overdraft_micros)
+        raise InsufficientFunds(
+            _(
+                "This account owes %(amount)s %(unit)s (a refund, a dispute or usage past its funds); "
+                "top up to cover it before launching."
+            )
+            % {"amount": f"{owed / 1_000_000:.2f}", "unit": money_unit()},
+            code="account_owes",
+        )
     need_seconds = settings.BILLING_ADMISSION_MINUTES * 60
     if quote.price_micros_per_hour == 0:
         return

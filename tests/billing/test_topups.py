@@ -37,7 +37,9 @@ def test_signed_webhook_credits_wallet_once_and_recovers_overdraft():
     )
     body, header = _signed(_paid_event("cs_ok", 5000))
     assert _post(body, header).status_code == 200
-    assert _post(body, header).json()["outcome"] == "already credited"
+    assert _post(body, header).json()["outcome"] == "duplicate"
+    second = _paid_event("cs_ok", 5000) | {"id": "evt_other"}
+    assert _post(*_signed(second)).json()["outcome"] == "already credited"
     assert wallet_for(account=account).balance_micros == 50_000_000
     assert TopUp.objects.get().state == "paid"
 
@@ -60,11 +62,15 @@ def test_bad_and_stale_signatures_are_400_and_move_nothing():
 def test_unknown_and_unpaid_events_change_nothing():
     body, header = _signed({"id": "evt", "type": "customer.created", "data": {"object": {"id": "cus"}}})
     assert _post(body, header).json()["outcome"] == "ignored"
+    TopUp.objects.create(
+        account=make_account(), amount_micros=50_000_000, currency="CNY", checkout_session_id="cs_u"
+    )
     unpaid = _paid_event("cs_u", 5000)
     unpaid["data"]["object"]["payment_status"] = "unpaid"
     body, header = _signed(unpaid)
     assert _post(body, header).json()["outcome"] == "not paid"
     assert not Transfer.objects.exists()
+    assert TopUp.objects.get().state == "pending"
 
 
 FAKE = Path(__file__).with_name("fake_stripe.py")
