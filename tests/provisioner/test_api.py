@@ -8,7 +8,8 @@ import uuid
 import pytest
 from rest_framework.test import APIClient
 
-from billing.models import AuditEntry
+from billing.models import AuditEntry, LedgerHold
+from billing.services.ledger import overdraft_for, system_account, transfer_post, wallet_for
 from portal.services import access_token_create, team_create
 from provisioner.models import Allocation, Node, Quota, Session
 from provisioner.sealing import unseal
@@ -259,6 +260,35 @@ def test_too_little_money_is_a_402_and_writes_nothing(fleet, sent_tasks):
     before = counts()
     assert_error(launch(client_for(user)), 402, code="insufficient_funds")
     assert counts() == before
+
+
+def test_an_account_on_a_ledger_hold_is_a_409_and_one_that_owes_is_a_402(fleet, sent_tasks):
+    held, owing = make_user(), make_user()
+    hold = LedgerHold.objects.create(kind="balance", subject="la:test", account=held.account)
+    before = counts()
+    assert_error(launch(client_for(held)), 409, code="account_on_hold")
+    # a refund after the money was spent: the wallet is emptied, the rest is owed
+    wallet = wallet_for(account=owing.account)
+    clearing = system_account(kind="payment_clearing")
+    transfer_post(
+        debit=wallet,
+        credit=clearing,
+        amount_micros=wallet.balance_micros,
+        kind="refund",
+        idempotency_key="r1",
+    )
+    transfer_post(
+        debit=overdraft_for(account=owing.account),
+        credit=clearing,
+        amount_micros=5_000_000,
+        kind="refund",
+        idempotency_key="r2",
+    )
+    assert_error(launch(client_for(owing)), 402, code="account_owes")
+    assert counts() == before
+    hold.resolved_at = hold.found_at
+    hold.save()
+    assert launch(client_for(held)).status_code == 201
 
 
 def test_an_account_the_user_may_not_pay_with_is_a_404(fleet, sent_tasks):
