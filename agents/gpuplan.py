@@ -121,6 +121,18 @@ class GpuPlan:
         )
 
 
+def served_policies(tools: HostGpuTools) -> list[str]:
+    """The sharing policies this host can serve, reported in every heartbeat so the portal gives a
+    new GPU one of them (fixed-share needs libvgpu.so, equal-share the MPS control binary)."""
+    policies = ["exclusive"]
+    if tools.vgpu_lib is not None and tools.vgpu_preload_file is not None:
+        policies.append("fixed-share")
+    if tools.mps_control is not None:
+        policies.append("equal-share")
+    policies.append("best-effort")
+    return policies
+
+
 def cpu_plan() -> GpuPlan:
     """A session without a GPU: it sees none."""
     return GpuPlan(None, None, None, None, env={"CUDA_VISIBLE_DEVICES": "", "NVIDIA_VISIBLE_DEVICES": "void"})

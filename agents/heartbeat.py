@@ -8,14 +8,17 @@ every workload keeps running.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import re
 import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterable, Mapping
 
 from agents import __version__
+from agents.gpuplan import HostGpuTools, served_policies
 from agents.nvml import GpuReader
 from agents.workloads import Workload, Workloads
 
@@ -31,9 +34,11 @@ def build_heartbeat(
     workloads: Iterable[Workload],
     pids_by_session: Mapping[str, set[int]],
     gpu_of_session: Mapping[str, str] | None = None,
+    tools: HostGpuTools | None = None,
 ) -> dict:
     metrics, per_session = reader.metrics(pids_by_session, gpu_of_session)
     return {
+        "capabilities": {"sharing_policies": served_policies(tools or HostGpuTools())},
         "agent_version": __version__,
         "listen_url": listen_url,
         "runtime": runtime,
@@ -45,6 +50,31 @@ def build_heartbeat(
 
 class PortalError(Exception):
     pass
+
+
+REASON_CHARS = 300
+_TITLE = re.compile(r"<title>(?P<title>.*?)</title>", re.IGNORECASE | re.DOTALL)
+_TAGS = re.compile(r"<[^>]+>")
+
+
+def refusal_reason(exc: urllib.error.HTTPError) -> str:
+    """Why the portal refused, from its error body: the JSON error's code and message, an HTML
+    page's title (Django's DisallowedHost, a proxy's 502), else the start of the text."""
+    try:
+        raw = exc.read(64 * 1024).decode("utf-8", errors="replace")
+    except OSError:
+        raw = ""
+    with contextlib.suppress(ValueError):
+        data = json.loads(raw)
+        error = data.get("error") if isinstance(data, dict) else None
+        if isinstance(error, dict):
+            return f"{error.get('code', '?')}: {error.get('message', '')}"[:REASON_CHARS]
+        if isinstance(data, dict) and "detail" in data:
+            return str(data["detail"])[:REASON_CHARS]
+    title = _TITLE.search(raw)
+    text = title["title"] if title else _TAGS.sub(" ", raw)
+    text = " ".join(text.split())
+    return (text or exc.reason or "no reason given")[:REASON_CHARS]
 
 
 def post_heartbeat(portal: str, token: str, body: dict, *, timeout_seconds: float = 10.0) -> dict:
@@ -59,7 +89,7 @@ def post_heartbeat(portal: str, token: str, body: dict, *, timeout_seconds: floa
         with urllib.request.urlopen(request, timeout=timeout_seconds) as response:  # noqa: S310
             answer = json.loads(response.read().decode("utf-8"))
     except urllib.error.HTTPError as exc:
-        raise PortalError(f"portal answered {exc.code}")
+        raise PortalError(f"portal answered {exc.code}: {refusal_reason(exc)}")
     except (OSError, ValueError) as exc:
         raise PortalError(f"portal unreachable: {exc}")
     if not isinstance(answer, dict) or not isinstance(answer.get("desired_workloads"), list):
@@ -102,6 +132,7 @@ class Heartbeats(threading.Thread):
             workloads=workloads.all(),
             pids_by_session=workloads.pids_by_session(),
             gpu_of_session=workloads.gpu_of_session(),
+            tools=workloads.tools,
         )
         try:
             answer = post_heartbeat(self.portal, self.token, body)

@@ -103,6 +103,10 @@ def heartbeat_validate(body) -> dict:
                     mig_mib = mig.get("memory_total_mib", 0)
                     if mig_mib is not None and (not _is_int(mig_mib) or not 0 <= mig_mib <= MAX_MIB):
                         errors[f"{mwhere}.memory_total_mib"] = "must be an integer ≥ 0"
+    capabilities = body.get("capabilities", {})
+    policies = capabilities.get("sharing_policies", []) if isinstance(capabilities, dict) else None
+    if not isinstance(policies, list) or not all(isinstance(p, str) for p in policies):
+        errors["capabilities"] = "must be an object whose sharing_policies is a list of strings"
     metrics = body.get("metrics", {"gpus": []})
     if not isinstance(metrics, dict) or not isinstance(metrics.get("gpus", []), list):
         errors["metrics"] = "must be an object with a list of gpus"
@@ -159,18 +163,26 @@ class HeartbeatAnswer:
         }
 
 
-def _new_device_policy(node: Node) -> str:
-    """A GPU seen for the first time gets the node's ``sharing_policy`` label (what the host's tools
-    allow: fixed-share needs HAMi's libvgpu.so, equal-share MPS), else the model default."""
+def _new_device_policy(node: Node, served: list[str] | None) -> str:
+    """A GPU seen for the first time gets the node's ``sharing_policy`` label, else the model default,
+    as long as the agent serves it (fixed-share needs HAMi's libvgpu.so, equal-share MPS); otherwise the
+    first shared policy the agent reports it serves. An agent that reports nothing is taken at its word
+    for the label or default (older agents)."""
     wanted = (node.labels or {}).get("sharing_policy") if isinstance(node.labels, dict) else None
-    return wanted if wanted in Device.Sharing.values else Device._meta.get_field("sharing_policy").default
+    if wanted not in Device.Sharing.values:
+        wanted = Device._meta.get_field("sharing_policy").default
+    if served is None or wanted in served:
+        return wanted
+    return next((p for p in Device.SHARED if p in served), Device.Sharing.EXCLUSIVE)
 
 
 def _model_for(nvml_name: str, models: list[GpuModel]) -> GpuModel | None:
     return next((m for m in models if m.matches(nvml_name)), None)
 
 
-def _record_inventory(node: Node, inventory: dict, now: datetime) -> dict[str, Device]:
+def _record_inventory(
+    node: Node, inventory: dict, now: datetime, served: list[str] | None = None
+) -> dict[str, Device]:
     gpus = inventory.get("gpus", [])
     uuids = [g["uuid"] for g in gpus] + [m["uuid"] for g in gpus for m in g.get("mig_devices", [])]
     elsewhere = list(
@@ -204,7 +216,7 @@ def _record_inventory(node: Node, inventory: dict, now: datetime) -> dict[str, D
         by_uuid[device.uuid] = device
         return device
 
-    new_policy = _new_device_policy(node)
+    new_policy = _new_device_policy(node, served)
     for gpu in gpus:
         model = _model_for(gpu["name"], models)
         model_id = model.pk if model else None
@@ -398,7 +410,8 @@ def heartbeat_record(*, node: Node, body) -> HeartbeatAnswer:
     with transaction.atomic():
         node = Node.objects.select_for_update(no_key=True).get(id=node.id)
         now = timezone.now()  # after the lock: heartbeats of one node are recorded in time order
-        devices = _record_inventory(node, body["inventory"], now)
+        served = (body.get("capabilities") or {}).get("sharing_policies")
+        devices = _record_inventory(node, body["inventory"], now, served)
         _record_metrics(body.get("metrics") or {}, devices, now)
         _record_workloads(node, body.get("workloads", []), now)
         node.last_heartbeat_at = now

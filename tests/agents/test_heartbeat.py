@@ -119,3 +119,32 @@ def test_agent_converges_to_the_portal_and_keeps_workloads_while_it_is_down(star
         assert all(b["workloads"] == [] for b in portal.beats[-2:])
     finally:
         portal.close()
+
+
+def test_a_refusal_in_html_is_logged_with_its_title():
+    """Django's DisallowedHost answers an HTML 400: the agent names it instead of a bare status."""
+    from agents.heartbeat import PortalError, post_heartbeat
+
+    page = b"<html><head><title>DisallowedHost at /api/agent/heartbeat</title></head><body>x</body></html>"
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(400)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(PortalError) as refused:
+            post_heartbeat(f"http://127.0.0.1:{server.server_address[1]}", NODE_TOKEN, {})
+        assert str(refused.value) == "portal answered 400: DisallowedHost at /api/agent/heartbeat"
+    finally:
+        server.shutdown()
+        server.server_close()

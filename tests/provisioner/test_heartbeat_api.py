@@ -286,3 +286,64 @@ def test_the_agents_own_heartbeat_client_is_understood(live_server, catalog):
     assert devices.filter(kind="mig").count() == 5
     assert set(devices.values_list("gpu_model__name", flat=True)) == {A100}
     assert DeviceSample.objects.filter(device__node=enrolment.node).exists()
+
+
+@pytest.mark.slow
+def test_a_quarter_a100_on_a_fresh_node_is_a_spec_its_agent_can_serve(live_server, catalog, tmp_path):
+    """Issue 13: a freshly enrolled ci-small node without libvgpu.so or MPS refused a 1/4 A100 with
+    invalid_allocation, because its GPUs took the model default (fixed-share). The agent now reports
+    the policies it serves; a new GPU gets one of them, so the spec the portal sends is one the agent's
+    own planner accepts."""
+    from agents.cli import host_gpu_tools
+    from agents.gpuplan import Allocation as PlanAllocation
+    from agents.gpuplan import gpu_plan
+
+    enrolment = node_enroll(name="ci-small", address="http://127.0.0.1:9")
+    reader = GpuReader(nvml_source("fake", fleet_path=str(CI_FLEET)).open())
+    tools = host_gpu_tools(tmp_path, vgpu_lib=str(tmp_path / "absent.so"), mps_control="absent-mps-control")
+
+    def beat():
+        body = build_heartbeat(
+            listen_url="http://127.0.0.1:9",
+            runtime="process",
+            reader=reader,
+            workloads=[],
+            pids_by_session={},
+            tools=tools,
+        )
+        return post_heartbeat(live_server.url, enrolment.token, body)
+
+    beat()
+    user = make_user()
+    session = session_launch(
+        user=user,
+        account=user.account,
+        gpu_model=A100,
+        profile="1/4",
+        environment=ENV,
+        max_hours=1,
+        idle_minutes=None,
+        idempotency_key=None,
+    )
+    [spec] = [w for w in beat()["desired_workloads"] if w["session_id"] == str(session.id)]
+    assert spec["allocation"]["profile"] == "1/4"
+    plan = gpu_plan(PlanAllocation(**spec["allocation"]), reader.inventory(), tools=tools)  # no PlanError
+    assert plan.sharing_policy == "best-effort" and plan.slot_count == 2
+
+
+@pytest.mark.slow
+def test_a_refused_heartbeat_names_the_status_and_the_portals_reason(live_server, catalog):
+    """The agent's error says why: the portal's 409 for a device enrolled on another node."""
+    from agents.heartbeat import PortalError
+
+    first = node_enroll(name="ci-small", address="http://127.0.0.1:9")
+    second = node_enroll(name="ci-small-2", address="http://127.0.0.1:10")
+    reader = GpuReader(nvml_source("fake", fleet_path=str(CI_FLEET)).open())
+    body = build_heartbeat(
+        listen_url="http://127.0.0.1:9", runtime="process", reader=reader, workloads=[], pids_by_session={}
+    )
+    post_heartbeat(live_server.url, first.token, body)
+    with pytest.raises(PortalError) as refused:
+        post_heartbeat(live_server.url, second.token, body)
+    message = str(refused.value)
+    assert "409" in message and "belongs to node ci-small" in message, message
