@@ -7,13 +7,14 @@ Every call needs ``Authorization: Bearer <node token>``, compared in constant ti
 from __future__ import annotations
 
 import hmac
+import http.client
 import json
 import logging
 import re
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from agents import __version__
+from agents import __version__, gateway
 from agents.gpuplan import PlanError
 from agents.spec import SpecError, parse_spec
 from agents.workloads import WorkloadConflict, Workloads, WorkloadStartFailed
@@ -21,6 +22,7 @@ from agents.workloads import WorkloadConflict, Workloads, WorkloadStartFailed
 log = logging.getLogger("agents.api")
 MAX_BODY_BYTES = 1 << 20
 _WORKLOAD_PATH = re.compile(r"^/v1/workloads/(?P<sid>[^/]+)$")
+GATEWAY_PREFIX = "/jupyter/"
 
 
 class ApiError(Exception):
@@ -42,6 +44,23 @@ class AgentApi:
         if not header or not header.startswith("Bearer "):
             return False
         return hmac.compare_digest(header[len("Bearer ") :].strip().encode(), self.token)
+
+    def gateway_target(self, path: str) -> tuple[dict, str]:
+        """The runtime state and Jupyter token of the running workload a ``/jupyter/<id>/…`` path
+        names; ApiError 404 for a session this agent does not run, 503 while it cannot answer."""
+        session_id = path[len(GATEWAY_PREFIX) :].split("/", 1)[0]
+        workload = self.workloads.get(session_id)
+        if (
+            workload is None
+            or not workload.live
+            or workload.runtime_state is None
+            or not path.startswith(workload.spec.get("base_url") or "/-/")
+        ):
+            raise ApiError(404, "not_found", "no such session on this node")
+        token = workload.token or self.workloads.runtime.jupyter_token(workload.runtime_state)
+        if not token:
+            raise ApiError(503, "not_ready", "the workload's token is not known yet; try again shortly")
+        return workload.runtime_state, token
 
     def route(self, method: str, path: str, body: bytes) -> tuple[int, Any]:
         workloads = self.workloads
@@ -107,7 +126,17 @@ class AgentApi:
 class _Handler(BaseHTTPRequestHandler):
     server_version = f"suanli-agent/{__version__}"
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
     api: AgentApi  # set on the subclass made by make_server
+
+    def setup(self) -> None:
+        super().setup()
+        self._upstreams: dict[str, gateway.UpstreamConnection] = {}
+
+    def finish(self) -> None:
+        for connection in self._upstreams.values():
+            connection.close()
+        super().finish()
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
         log.debug("%s %s", self.address_string(), format % args)
@@ -120,7 +149,136 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _error(self, exc: ApiError) -> None:
+        self._answer(exc.status, {"error": {"code": exc.code, "message": exc.message, "fields": exc.fields}})
+
+    def _gateway(self, method: str) -> None:
+        """Forward one request of the portal to the workload's JupyterLab (see agents/gateway.py)."""
+        try:
+            if not self.api.authorised(self.headers.get("Authorization")):
+                raise ApiError(
+                    401, "unauthorised", "a valid 'Authorization: Bearer <node token>' is required"
+                )
+            state, token = self.api.gateway_target(self.path.split("?", 1)[0])
+        except ApiError as exc:
+            self._discard_body()
+            self._error(exc)
+            return
+        if "websocket" in (self.headers.get("Upgrade") or "").lower():
+            self._websocket(state, token)
+            return
+        try:
+            self._forward(method, state, token)
+        except (gateway.GatewayError, OSError, http.client.HTTPException) as exc:
+            log.info("gateway %s %s: %s", method, self.path, exc)
+            self.close_connection = True
+            if not getattr(self, "_answered", False):
+                self._error(
+                    ApiError(502, "upstream_unreachable", "the workload's JupyterLab is not answering")
+                )
+
+    def _discard_body(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        if 0 < length <= MAX_BODY_BYTES:
+            self.rfile.read(length)
+        elif length or self.headers.get("Transfer-Encoding"):
+            self.close_connection = True
+
+    def _forward(self, method: str, state: dict, token: str) -> None:
+        self._answered = False
+        session_id = self.path[len(GATEWAY_PREFIX) :].split("/", 1)[0]
+        headers = gateway.forwarded_headers(self.headers, token)
+        length = int(self.headers.get("Content-Length") or 0)
+        chunked = "chunked" in (self.headers.get("Transfer-Encoding") or "").lower()
+        for attempt in (0, 1):
+            connection = self._upstreams.pop(session_id, None)
+            reused = connection is not None and attempt == 0
+            if connection is None:
+                connection = gateway.UpstreamConnection(state)
+            try:
+                connection.putrequest(method, self.path, skip_host=True, skip_accept_encoding=True)
+                for name, value in headers:
+                    connection.putheader(name, value)
+                if chunked:
+                    connection.putheader("Transfer-Encoding", "chunked")
+                elif length or method in ("POST", "PUT", "PATCH"):
+                    connection.putheader("Content-Length", str(length))
+                connection.endheaders()
+                if chunked:
+                    gateway.relay_chunked(self.rfile, connection.send)
+                else:
+                    remaining = length
+                    while remaining:
+                        data = self.rfile.read(min(remaining, gateway.CHUNK))
+                        if not data:
+                            raise gateway.GatewayError("the client ended its body early")
+                        connection.send(data)
+                        remaining -= len(data)
+                response = connection.getresponse()
+                break
+            except (OSError, http.client.HTTPException):
+                connection.close()
+                if reused and not length and not chunked:
+                    continue  # a kept-alive connection the upstream closed meanwhile
+                raise
+        kept = [(k, v) for k, v in response.getheaders() if k.lower() not in gateway.RESPONSE_DROP]
+        content_type = (response.getheader("Content-Type") or "").lower()
+        no_body = method == "HEAD" or response.status in (204, 304) or 100 <= response.status < 200
+        self.send_response(response.status, response.reason)
+        for name, value in kept:
+            self.send_header(name, value)
+        if no_body:
+            response.read()
+            self.send_header("Content-Length", response.getheader("Content-Length") or "0")
+            self.end_headers()
+        elif content_type.startswith(gateway.SCRUBBED_TYPES) and not response.getheader("Content-Encoding"):
+            payload = response.read().replace(token.encode(), b"")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+        elif response.length is not None:
+            self.send_header("Content-Length", str(response.length))
+            self.end_headers()
+            while data := response.read(gateway.CHUNK):
+                self.wfile.write(data)
+        else:
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            while data := response.read1(gateway.CHUNK):
+                self.wfile.write(b"%x\r\n%b\r\n" % (len(data), data))
+            self.wfile.write(b"0\r\n\r\n")
+        self._answered = True
+        if response.will_close:
+            connection.close()
+        else:
+            self._upstreams[session_id] = connection
+
+    def _websocket(self, state: dict, token: str) -> None:
+        """Rewrite the upgrade's head (the Jupyter token in, the node token out) and relay bytes."""
+        self.close_connection = True
+        try:
+            upstream = gateway.open_upstream(state)
+        except (OSError, gateway.GatewayError) as exc:
+            log.info("gateway websocket %s: %s", self.path, exc)
+            self._error(ApiError(502, "upstream_unreachable", "the workload's JupyterLab is not answering"))
+            return
+        head = [f"{self.command} {self.path} HTTP/1.1\r\n"]
+        head += [
+            f"{name}: {value}\r\n"
+            for name, value in gateway.forwarded_headers(self.headers, token, websocket=True)
+        ]
+        head.append("\r\n")
+        try:
+            upstream.sendall("".join(head).encode("latin-1"))
+        except OSError:
+            upstream.close()
+            return
+        gateway.splice(self.connection, self.rfile, upstream)
+
     def _handle(self, method: str) -> None:
+        if self.path.startswith(GATEWAY_PREFIX):
+            self._gateway(method)
+            return
         try:
             length = int(self.headers.get("Content-Length") or 0)
             if length > MAX_BODY_BYTES:
@@ -152,6 +310,15 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         self._handle("POST")
+
+    def do_PATCH(self) -> None:  # noqa: N802
+        self._handle("PATCH")
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        self._handle("HEAD")
+
+    def do_OPTIONS(self) -> None:  # noqa: N802
+        self._handle("OPTIONS")
 
 
 def make_server(host: str, port: int, api: AgentApi) -> ThreadingHTTPServer:

@@ -43,7 +43,7 @@ def make_app():
     from portal.proxy import JupyterProxy, Route
 
     upstream = os.environ["BENCH_UPSTREAM"]
-    routes = {("bench-cookie", SESSION): Route(upstream, os.environ["BENCH_TOKEN"])}
+    routes = {("bench-cookie", SESSION): Route(upstream, os.environ["BENCH_TOKEN"], scheme="token")}
     return JupyterProxy(resolver=lambda cookie, session: routes.get((cookie, session)))
 
 

@@ -7,9 +7,10 @@ parse, a dictionary lookup and the upstream round trip — no Django request cyc
   read) whether that user may use that session; anyone else gets the same 404 as for a session that does
   not exist;
 - refuses cross-site requests (an ``Origin`` that is not the portal's own host) before it adds anything;
-- forwards to the workload with the workload's token added as ``Authorization: token …``, never passing
-  the portal's own cookies on, and scrubs the token out of every HTML or JSON answer, so the token never
-  reaches a browser;
+- forwards to the session's node, the agent's gateway at the node's enrolled address (never a workload's
+  own port: a GPU host is another machine), authenticated as the portal with the node token; the agent
+  adds the Jupyter token and refuses a session it does not run. The portal's own cookies are never passed
+  on, and a credential is scrubbed out of every HTML or JSON answer, so no token reaches a browser;
 - streams bodies both ways (uploads and downloads of any size), and relays WebSocket frames.
 
 It can run as its own process with the same code (``uvicorn portal.asgi:proxy_application``).
@@ -62,10 +63,17 @@ PORTAL_COOKIES = {settings.SESSION_COOKIE_NAME, settings.CSRF_COOKIE_NAME, setti
 
 @dataclass(frozen=True)
 class Route:
-    """Where a session's Jupyter listens, and the token it expects."""
+    """Where to forward a session's requests, and the credential that upstream expects: the node's
+    agent (its gateway, ``Bearer`` and the node token) in the portal; a bare JupyterLab (``token`` and
+    the Jupyter token) in the proxy's own tests and benchmark."""
 
-    upstream: str  # e.g. http://127.0.0.1:41234
+    upstream: str  # the node's enrolled address, e.g. http://10.0.3.2:8801
     token: str
+    scheme: str = "Bearer"
+
+    @property
+    def authorization(self) -> str:
+        return f"{self.scheme} {self.token}"
 
     @property
     def address(self) -> tuple[str, int]:
@@ -235,7 +243,7 @@ class JupyterProxy:
         try:
             upstream = await websockets.connect(
                 target,
-                additional_headers={"Authorization": f"token {route.token}"},
+                additional_headers={"Authorization": route.authorization},
                 subprotocols=subprotocols or None,
                 origin=route.upstream,
                 max_size=None,
@@ -348,7 +356,7 @@ def _forward_headers(raw_headers, route: Route) -> list[tuple[bytes, bytes]]:
     cookie = _jupyter_cookies(raw_headers)
     if cookie:
         forwarded.append((b"cookie", cookie))
-    forwarded.append((b"authorization", f"token {route.token}".encode()))
+    forwarded.append((b"authorization", route.authorization.encode()))
     return forwarded
 
 

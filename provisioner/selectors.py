@@ -93,11 +93,13 @@ def session_list_for_user(*, user) -> QuerySet[Session]:
 
 
 def session_jupyter_target(*, user, session_id) -> tuple[str, str] | Session:
-    """For the Jupyter proxy: (upstream, token) of the user's running session, or the Session itself when
-    it exists but is not running (for a friendly page). Raises NotFound for anyone else's."""
+    """For the Jupyter proxy: (node address, node token) of the user's running session (the agent there
+    is the node's gateway to the workload), or the Session itself when it exists but is not running (for
+    a friendly page). Raises NotFound for anyone else's."""
     session = session_get_for_user(user=user, session_id=session_id)
-    if session.state == Session.State.RUNNING and session.upstream:
-        return session.upstream, unseal(session.jupyter_token_sealed)
+    if session.state == Session.State.RUNNING and session.upstream and session.node_id:
+        node = Node.objects.only("address", "token_sealed").get(pk=session.node_id)
+        return node.address.rstrip("/"), unseal(node.token_sealed)
     return session
 
 

@@ -8,8 +8,7 @@ started. None of them blocks for long, except ``stop``, which waits for the work
 
 from __future__ import annotations
 
-import urllib.error
-import urllib.request
+import http.client
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -57,19 +56,23 @@ class Runtime:
         is one /proc scan (parent → children) shared by every workload of a heartbeat."""
         return set()
 
+    def jupyter_token(self, state: dict) -> str | None:
+        """The workload's Jupyter token when the agent lost it from memory (a restart); None when
+        only the portal's next spec can tell."""
+        return None
+
     def ready(self, state: dict, token: str | None) -> bool:
-        """Whether Jupyter answers ``GET {base_url}api/status``. Without the token (an adopted
-        workload whose spec the portal has not re-sent yet) a 401/403 still proves it answers."""
-        url = f"{state['upstream']}{state['base_url']}api/status"
+        """Whether Jupyter answers ``GET {base_url}api/status`` on its socket (or local port).
+        Without the token (an adopted workload whose spec the portal has not re-sent yet) a 401/403
+        still proves it answers."""
+        from agents.gateway import GatewayError, local_get
+
         headers = {"Authorization": f"token {token}"} if token else {}
-        request = urllib.request.Request(url, headers=headers)  # noqa: S310 - our own http URL
         try:
-            with urllib.request.urlopen(request, timeout=1.0) as response:  # noqa: S310 - our own URL
-                return response.status == 200
-        except urllib.error.HTTPError as exc:
-            return token is None and exc.code in (401, 403)
-        except (OSError, ValueError):
+            status = local_get(state, f"{state['base_url']}api/status", headers)
+        except (OSError, GatewayError, http.client.HTTPException):
             return False
+        return status == 200 or (token is None and status in (401, 403))
 
 
 def runtime_class(name: str) -> type[Runtime]:

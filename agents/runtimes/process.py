@@ -24,6 +24,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import zlib
 from pathlib import Path
@@ -34,12 +35,27 @@ from agents.runtimes.base import Runtime, RuntimeStartError
 from agents.spec import WorkloadSpec
 
 STOP_WAIT_SECONDS = 12.0
+SOCK_NAME = "jupyter.sock"
+SANDBOX_SOCK_DIR = "/run/jupyter"
 
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def short_socket_path(folder: Path) -> str:
+    """``folder/jupyter.sock``, or the same socket through a short link to the folder when that path
+    is too long for a Unix socket (the unsandboxed development mode on a deep state dir)."""
+    path = str(folder / SOCK_NAME)
+    if len(os.fsencode(path)) <= 100:
+        return path
+    link = Path(tempfile.gettempdir()) / f"suanli-sock-{zlib.crc32(str(folder).encode()):08x}"
+    with contextlib.suppress(FileNotFoundError):
+        link.unlink()
+    link.symlink_to(folder)
+    return str(link / SOCK_NAME)
 
 
 def process_start_ticks(pid: int) -> int | None:
@@ -55,17 +71,19 @@ def process_start_ticks(pid: int) -> int | None:
     return int(fields[19])
 
 
-def jupyter_command(python: str, *, port: int, base_url: str, root_dir: str, config_file: str) -> list[str]:
+def jupyter_command(python: str, *, sock: str, base_url: str, root_dir: str, config_file: str) -> list[str]:
     # The token travels in a 0600 config file, not argv: /proc/<pid>/cmdline is world-readable.
+    # JupyterLab listens on a Unix socket only the agent (its gateway) connects to; the Host the
+    # portal's proxy sends is the agent's address, hence allow_remote_access.
     return [
         python,
         "-m",
         "jupyterlab",
         "--no-browser",
         f"--config={config_file}",
-        "--ServerApp.ip=127.0.0.1",
-        f"--ServerApp.port={port}",
-        "--ServerApp.port_retries=0",
+        f"--ServerApp.sock={sock}",
+        "--ServerApp.sock_mode=0600",
+        "--ServerApp.allow_remote_access=True",
         f"--ServerApp.base_url={base_url}",
         f"--ServerApp.root_dir={root_dir}",
         *(["--ServerApp.allow_root=True"] if os.geteuid() == 0 else []),
@@ -103,9 +121,14 @@ class ProcessRuntime(Runtime):
         python = spec.environment.python or sys.executable
         if not os.access(python, os.X_OK):
             raise RuntimeStartError(f"environment.python {python} is not an executable")
-        port = free_port()
+        sock_dir = run_dir / "sock"
+        sock_dir.mkdir(mode=0o700)
+        sandbox = self.sandbox_in_use()
+        # Inside the sandbox the socket's folder appears at a short fixed path (sun_path holds 108
+        # bytes); without one a path too long is bound through a short link to that folder.
+        sock = f"{SANDBOX_SOCK_DIR}/{SOCK_NAME}" if sandbox == "bwrap" else short_socket_path(sock_dir)
         command = jupyter_command(
-            python, port=port, base_url=spec.base_url, root_dir=str(home), config_file=str(config_file)
+            python, sock=sock, base_url=spec.base_url, root_dir=str(home), config_file=str(config_file)
         )
         env = {
             "PATH": f"{Path(python).parent}:/usr/local/bin:/usr/bin:/bin",
@@ -119,10 +142,10 @@ class ProcessRuntime(Runtime):
         sources = {m.target: m.source for m in plan.mounts}
         if plan.preload_vgpu:
             env["LD_PRELOAD"] = sources[VGPU_LIB_TARGET]
-        sandbox = self.sandbox_in_use()
         if sandbox == "bwrap":
             wrap = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
             wrap += ["--bind", str(home), str(home), "--bind", str(run_dir), str(run_dir)]
+            wrap += ["--tmpfs", "/run", "--bind", str(sock_dir), SANDBOX_SOCK_DIR]
             # The private /tmp would hide an environment or a mounted library that lives under /tmp
             # (an install in a temporary folder, a test's state): bind those back, read-only.
             for needed in sorted({Path(python).parent.parent, *(Path(m.source) for m in plan.mounts)}):
@@ -161,8 +184,8 @@ class ProcessRuntime(Runtime):
         return {
             "pid": child.pid,
             "pid_start_ticks": process_start_ticks(child.pid),
-            "port": port,
-            "upstream": f"http://127.0.0.1:{port}",
+            "socket": str(sock_dir / SOCK_NAME),
+            "upstream": f"unix:{sock_dir / SOCK_NAME}",
             "base_url": spec.base_url,
             "home": str(home),
             "run_dir": str(run_dir),
@@ -171,6 +194,13 @@ class ProcessRuntime(Runtime):
             "sandbox": sandbox,
             "limits": limits,
         }
+
+    def jupyter_token(self, state: dict) -> str | None:
+        try:
+            config = json.loads((Path(state["run_dir"]) / "jupyter_server_config.json").read_text())
+            return config["IdentityProvider"]["token"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
 
     def _limits(self, spec: WorkloadSpec) -> dict:
         available = sorted(os.sched_getaffinity(0))

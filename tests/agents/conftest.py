@@ -176,11 +176,15 @@ def workload_spec(session_id: str, allocation: dict | None, **overrides) -> dict
     return spec
 
 
-def run_in_kernel(upstream: str, base_url: str, token: str, code: str, timeout: float = 60.0) -> str:
-    """Start a kernel over Jupyter's REST API, run code over its WebSocket, return its stdout."""
+def run_in_kernel(
+    upstream: str, base_url: str, code: str, *, headers: dict | None = None, timeout: float = 60.0
+) -> str:
+    """Start a kernel over Jupyter's REST API, run code over its WebSocket, return its stdout.
+    ``upstream`` is the agent (its gateway adds the Jupyter token; ``headers`` default to the node
+    token) or the portal (``headers`` carry the browser's cookie)."""
     from websockets.sync.client import connect
 
-    headers = {"Authorization": f"token {token}"}
+    headers = {"Authorization": f"Bearer {NODE_TOKEN}"} if headers is None else headers
     with httpx.Client(base_url=f"{upstream}{base_url}", headers=headers, timeout=30) as jupyter:
         assert jupyter.get("api/status").status_code == 200
         kernel = jupyter.post("api/kernels", json={"name": "python3"})
@@ -206,7 +210,8 @@ def run_in_kernel(upstream: str, base_url: str, token: str, code: str, timeout: 
     }  # fmt: skip
     output: list[str] = []
     deadline = time.monotonic() + timeout
-    with connect(ws_url, additional_headers=headers, open_timeout=30) as ws:
+    ws_url = ws_url.replace("https://", "wss://")
+    with connect(ws_url, additional_headers=headers, open_timeout=30, origin=upstream) as ws:
         ws.send(json.dumps(message))
         while time.monotonic() < deadline:
             reply = json.loads(ws.recv(timeout=max(0.1, deadline - time.monotonic())))

@@ -21,8 +21,7 @@ PRINT_GPU_ENV = (
 
 
 def _kernel_env(agent, spec: dict) -> dict:
-    status = agent.workload(spec["session_id"])
-    out = run_in_kernel(status["upstream"], spec["base_url"], spec["token"], PRINT_GPU_ENV)
+    out = run_in_kernel(agent.url, spec["base_url"], PRINT_GPU_ENV)
     return json.loads(out.strip().splitlines()[-1])
 
 

@@ -82,7 +82,7 @@ def proxy_url(jupyter):
             return None
         if cookie == "stopped":
             return Refusal(status=409, state="stopped", session_url=f"/sessions/{session_id}/")
-        return Route(jupyter["upstream"], jupyter["token"]) if cookie == "owner" else None
+        return Route(jupyter["upstream"], jupyter["token"], scheme="token") if cookie == "owner" else None
 
     port = _free_port()
     server = uvicorn.Server(

@@ -1,0 +1,189 @@
+"""The agent as its node's gateway: ``/jupyter/<session>/…`` on the agent API, HTTP and WebSocket.
+
+The portal's proxy dials the node's enrolled address (this agent) with the node token; the agent
+forwards to the workload's JupyterLab, which listens on a Unix socket in the session's private folder
+(the process runtime) or on the agent host's loopback (the docker runtime), adds the Jupyter token
+itself and scrubs it out of every HTML, JSON or JavaScript answer. A session id the agent does not run
+is a 404. Nothing here dials another host.
+
+HTTP is forwarded with ``http.client`` over one kept-alive upstream connection per client connection
+and session (the portal keeps its connections to the agent alive too); bodies stream both ways. A
+WebSocket upgrade is relayed byte for byte once its head is rewritten: no frame is parsed twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import os
+import socket
+import threading
+from urllib.parse import urlsplit
+
+CHUNK = 64 * 1024
+UNIX_PATH_MAX = 100  # sun_path holds 108 bytes; longer paths are reached through /proc/self/fd
+CONNECT_TIMEOUT_SECONDS = 5.0
+READ_TIMEOUT_SECONDS = 300.0  # a long-polling Jupyter request may take this long
+HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "proxy-connection",
+    "te",
+    "trailers",
+    "transfer-encoding",
+    "upgrade",
+    "authorization",
+    "content-length",
+    "accept-encoding",  # an uncompressed answer can be scrubbed of the token
+    "expect",
+}
+RESPONSE_DROP = {
+    "connection",
+    "keep-alive",
+    "transfer-encoding",
+    "content-length",
+    "server",
+    "date",
+    "proxy-authenticate",
+    "trailers",
+    "upgrade",
+}
+SCRUBBED_TYPES = ("text/html", "application/json", "text/javascript", "application/javascript")
+
+
+class GatewayError(Exception):
+    """The workload's JupyterLab could not be reached."""
+
+
+def connect_unix(path: str, timeout: float = CONNECT_TIMEOUT_SECONDS) -> socket.socket:
+    """A connected Unix stream socket; a path too long for ``sun_path`` is reached through a
+    descriptor of its folder (``/proc/self/fd/N/name``)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        if len(os.fsencode(path)) <= UNIX_PATH_MAX:
+            sock.connect(path)
+        else:
+            folder, name = os.path.split(path)
+            fd = os.open(folder, os.O_PATH | os.O_DIRECTORY)
+            try:
+                sock.connect(f"/proc/self/fd/{fd}/{name}")
+            finally:
+                os.close(fd)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def open_upstream(state: dict, timeout: float = CONNECT_TIMEOUT_SECONDS) -> socket.socket:
+    """A socket to the workload's JupyterLab: its Unix socket, else the loopback port it published."""
+    if state.get("socket"):
+        return connect_unix(state["socket"], timeout)
+    parts = urlsplit(state.get("upstream") or "")
+    if parts.scheme != "http" or parts.hostname not in ("127.0.0.1", "localhost", "::1"):
+        raise GatewayError(f"no local upstream for this workload ({state.get('upstream')!r})")
+    sock = socket.create_connection((parts.hostname, parts.port or 80), timeout=timeout)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+class UpstreamConnection(http.client.HTTPConnection):
+    """``http.client`` over whatever ``open_upstream`` gives for a workload."""
+
+    def __init__(self, state: dict) -> None:
+        super().__init__("localhost", timeout=READ_TIMEOUT_SECONDS)
+        self._state = state
+
+    def connect(self) -> None:
+        try:
+            self.sock = open_upstream(self._state)
+        except OSError as exc:
+            raise GatewayError(f"cannot connect to the workload: {exc}") from exc
+        self.sock.settimeout(self.timeout)
+
+
+def local_get(state: dict, path: str, headers: dict[str, str], timeout: float = 1.0) -> int:
+    """One GET to the workload's JupyterLab; its status (readiness checks)."""
+    connection = UpstreamConnection(state)
+    connection.timeout = timeout
+    try:
+        connection.request("GET", path, headers={"Host": "localhost", **headers})
+        response = connection.getresponse()
+        response.read()
+        return response.status
+    finally:
+        connection.close()
+
+
+def forwarded_headers(headers, jupyter_token: str, *, websocket: bool = False) -> list[tuple[str, str]]:
+    """The client's headers minus hop-by-hop ones and its credential, plus the Jupyter token. A
+    WebSocket upgrade keeps its Connection and Upgrade headers."""
+    kept = []
+    for name, value in headers.items():
+        lower = name.lower()
+        if lower in HOP_BY_HOP and not (websocket and lower in ("connection", "upgrade")):
+            continue
+        kept.append((name, value))
+    kept.append(("Authorization", f"token {jupyter_token}"))
+    return kept
+
+
+def relay_chunked(source, sink) -> None:
+    """Copy a chunked request body from ``source`` (the client) to ``sink`` (the upstream), as is."""
+    while True:
+        line = source.readline(1024)
+        if not line:
+            raise GatewayError("the client ended a chunked body early")
+        sink(line)
+        size = int(line.split(b";", 1)[0].strip() or b"0", 16)
+        if size == 0:
+            while True:  # trailers, then the empty line
+                trailer = source.readline(8192)
+                sink(trailer)
+                if trailer in (b"\r\n", b"\n", b""):
+                    return
+        remaining = size + 2  # the chunk and its CRLF
+        while remaining:
+            data = source.read(min(remaining, CHUNK))
+            if not data:
+                raise GatewayError("the client ended a chunked body early")
+            sink(data)
+            remaining -= len(data)
+
+
+def splice(client: socket.socket, client_reader, upstream: socket.socket) -> None:
+    """Relay bytes both ways until either side closes (a WebSocket after its upgrade)."""
+    client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    upstream.settimeout(None)
+    client.settimeout(None)
+
+    def client_to_upstream() -> None:
+        try:
+            while True:
+                data = client_reader.read1(CHUNK)
+                if not data:
+                    break
+                upstream.sendall(data)
+        except OSError:
+            pass
+        with contextlib.suppress(OSError):
+            upstream.shutdown(socket.SHUT_WR)
+
+    pump = threading.Thread(target=client_to_upstream, name="ws-in", daemon=True)
+    pump.start()
+    try:
+        while True:
+            data = upstream.recv(CHUNK)
+            if not data:
+                break
+            client.sendall(data)
+    except OSError:
+        pass
+    with contextlib.suppress(OSError):
+        client.shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(OSError):
+        upstream.close()
+    pump.join(timeout=5)
