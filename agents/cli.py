@@ -23,6 +23,7 @@ from agents.gpuplan import VGPU_LIB_TARGET, HostGpuTools
 from agents.nvml import GpuReader, nvml_source
 from agents.nvml.fleet import FleetError
 from agents.runtimes import RuntimeOptions, runtime_class, runtime_names
+from agents.sandbox import parse_uid_range
 
 log = logging.getLogger("agents")
 EXIT_USAGE = 2
@@ -53,7 +54,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fleet", default=_env("FLEET"), help="fake NVML from this fleet YAML (else real pynvml)")
     p.add_argument("--heartbeat-seconds", type=float, default=float(_env("HEARTBEAT_SECONDS", "5")))
     p.add_argument("--advertise-url", default=_env("ADVERTISE_URL"), help="listen_url sent to the portal")
-    p.add_argument("--sandbox", default=_env("SANDBOX", "auto"), choices=["auto", "bwrap", "none"])
+    p.add_argument(
+        "--sandbox",
+        default=_env("SANDBOX", "auto"),
+        choices=["auto", "bwrap", "none"],
+        help="process runtime: auto/bwrap sandbox every workload (or refuse to start); none runs tenants "
+        "UNSANDBOXED, for a single-user development machine only",
+    )
+    p.add_argument(
+        "--sandbox-uids",
+        default=_env("SANDBOX_UIDS", "60000-64999"),
+        help="FIRST-LAST: the uids workloads run as, one per user (the agent runs as root)",
+    )
+    p.add_argument(
+        "--sandbox-hide",
+        action="append",
+        default=[p for p in _env("SANDBOX_HIDE", "").split(":") if p],
+        help="a host folder the sandbox never shows (repeatable; AGENT_SANDBOX_HIDE is colon-separated)",
+    )
+    p.add_argument(
+        "--device-dir",
+        default=_env("DEVICE_DIR", "/dev"),
+        help="where the GPUs' device nodes are (a folder of stand-ins with a fake fleet)",
+    )
     p.add_argument("--vgpu-lib", default=_env("VGPU_LIB", "/usr/local/vgpu/libvgpu.so"), help="HAMi-core lib")
     p.add_argument("--mps-control", default=_env("MPS_CONTROL", "nvidia-cuda-mps-control"))
     p.add_argument("--docker-image", default=_env("DOCKER_IMAGE", "quay.io/jupyter/base-notebook"))
@@ -114,13 +137,30 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         fail(f"cannot create --state-dir {state_dir}: {exc.strerror}")
     tools = host_gpu_tools(state_dir, vgpu_lib=args.vgpu_lib, mps_control=args.mps_control)
-    options = RuntimeOptions(state_dir=state_dir, sandbox=args.sandbox, default_image=args.docker_image)
+    try:
+        uids = parse_uid_range(args.sandbox_uids)
+    except ValueError as exc:
+        fail(str(exc))
+    options = RuntimeOptions(
+        state_dir=state_dir,
+        sandbox=args.sandbox,
+        sandbox_uids=uids,
+        sandbox_hide=tuple(os.path.abspath(p) for p in args.sandbox_hide),
+        device_dir=args.device_dir,
+        default_image=args.docker_image,
+    )
     runtime = runtime_class(args.runtime)(options)
     if args.runtime == "process":
         try:
             runtime.sandbox_in_use()
         except Exception as exc:
             fail(str(exc))
+        if args.sandbox == "none":
+            log.warning(
+                "--sandbox none: TENANT CODE RUNS UNSANDBOXED as %s, with this host's network and files. "
+                "Single-user development only; never on a host that serves other people.",
+                "root" if os.geteuid() == 0 else f"uid {os.geteuid()}",
+            )
 
     from agents.api import AgentApi, make_server
     from agents.heartbeat import Heartbeats

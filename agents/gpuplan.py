@@ -96,6 +96,7 @@ class GpuPlan:
     preload_vgpu: bool = False
     mps_pipe_directory: str | None = None  # set for equal-share: the GPU's MPS daemon
     mps_log_directory: str | None = None
+    device_nodes: tuple[str, ...] = ()  # under /dev: what the sandbox's /dev holds (the kernel's check)
 
     def to_json(self) -> dict:
         return copy.deepcopy(self.wire)
@@ -111,6 +112,7 @@ class GpuPlan:
     def from_json(cls, data: Mapping) -> GpuPlan:
         values = dict(data)
         values["mounts"] = tuple(Mount(**m) for m in values.get("mounts", ()))
+        values["device_nodes"] = tuple(values.get("device_nodes", ()))
         return cls(**values)
 
     def share(self, session_id: str) -> RunningShare | None:
@@ -260,6 +262,7 @@ def gpu_plan(
         "sharing_policy": a.sharing_policy,
         "slot_start": a.slot_start,
         "slot_count": a.slot_count,
+        "device_nodes": device_nodes(gpu, mig),
     }
     if a.sharing_policy == "exclusive":
         return GpuPlan(**common, env=env)
@@ -309,6 +312,32 @@ def gpu_plan(
         memory_limit_mib=memory_limit_mib,
         preload_vgpu=enforced,
     )
+
+
+CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
+MIG_CAPABILITIES = "/proc/driver/nvidia/capabilities"
+
+
+def device_nodes(
+    gpu: Mapping, mig: Mapping | None, *, capabilities: str = MIG_CAPABILITIES
+) -> tuple[str, ...]:
+    """The /dev nodes a workload on this GPU (or MIG device) needs, and no other GPU's: the driver's
+    control nodes, ``nvidia<minor>`` of the physical GPU and, for a MIG device, the ``nvidia-caps``
+    nodes of its GPU and compute instance (their minors are in the driver's capability files)."""
+    minor = gpu.get("minor_number")
+    minor = gpu.get("index") if minor is None else minor
+    nodes = [*CONTROL_NODES, f"nvidia{minor}"]
+    if mig is not None and mig.get("gpu_instance_id") is not None:
+        folder = f"{capabilities}/gpu{minor}/mig/gi{mig['gpu_instance_id']}"
+        for access in (f"{folder}/access", f"{folder}/ci{mig.get('compute_instance_id') or 0}/access"):
+            try:
+                with open(access) as text:
+                    found = re.search(r"DeviceFileMinor:\s*(\d+)", text.read())
+            except OSError:
+                continue
+            if found:
+                nodes.append(f"nvidia-caps/nvidia-cap{found.group(1)}")
+    return tuple(nodes)
 
 
 def _vgpu_mounts(tools: HostGpuTools) -> tuple[Mount, ...]:

@@ -77,6 +77,19 @@ def main() -> None:
     _say("seeding the demo …")
     subprocess.run([*manage, "seed_demo", "--url", os.environ["SITE_URL"]], check=True)
 
+    # The demo agents hide the portal's data folder (PostgreSQL, Redis, node tokens) from notebooks.
+    os.environ.setdefault("AGENT_SANDBOX_HIDE", str(data))
+    if not os.environ.get("AGENT_SANDBOX"):
+        from agents.sandbox import SandboxUnavailable, probe
+
+        try:
+            probe(shutil.which("bwrap"))
+        except SandboxUnavailable as exc:
+            os.environ["AGENT_SANDBOX"] = "none"
+            _say(
+                f"WARNING: notebooks run UNSANDBOXED on this machine: {exc}. "
+                "That is safe for a single-user demo only."
+            )
     honcho = shutil.which("honcho", path=str(Path(sys.executable).parent)) or "honcho"
     _say(f"starting web, worker and beat; open {os.environ['SITE_URL']}/ (Ctrl-C stops everything)")
     os.execv(honcho, [honcho, "start", "-f", str(ROOT / "Procfile"), "-d", str(ROOT)])  # noqa: S606

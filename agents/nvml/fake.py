@@ -116,6 +116,24 @@ class FakeNvml:
         gpu = self._enter(handle, "nvmlDeviceGetUUID")
         return handle.mig.uuid if handle.mig else gpu.uuid
 
+    def nvmlDeviceGetMinorNumber(self, handle: _Handle) -> int:  # noqa: N802
+        gpu = self._enter(handle, "nvmlDeviceGetMinorNumber")
+        if handle.mig:
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return gpu.index  # /dev/nvidia<index>, as on a host whose driver numbered its GPUs in order
+
+    def nvmlDeviceGetGpuInstanceId(self, handle: _Handle) -> int:  # noqa: N802
+        gpu = self._enter(handle, "nvmlDeviceGetGpuInstanceId")
+        if not handle.mig:
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return 1 + [h.mig for h in self._mig_handles[gpu.index]].index(handle.mig)
+
+    def nvmlDeviceGetComputeInstanceId(self, handle: _Handle) -> int:  # noqa: N802
+        self._enter(handle, "nvmlDeviceGetComputeInstanceId")
+        if not handle.mig:
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return 0
+
     def nvmlDeviceGetName(self, handle: _Handle) -> str:  # noqa: N802
         gpu = self._enter(handle, "nvmlDeviceGetName")
         return f"{gpu.name} MIG {handle.mig.profile}" if handle.mig else gpu.name

@@ -81,6 +81,7 @@ class GpuReader:
                 if handle is None:
                     raise _GpuLost
                 gpu["uuid"] = _text(self._call("nvmlDeviceGetUUID", handle))
+                gpu["minor_number"] = self._call("nvmlDeviceGetMinorNumber", handle)
                 gpu["name"] = _text(self._call("nvmlDeviceGetName", handle))
                 pci = self._call("nvmlDeviceGetPciInfo", handle)
                 gpu["pci_bus_id"] = _text(getattr(pci, "busId", None)) if pci is not None else None
@@ -117,6 +118,8 @@ class GpuReader:
                 "uuid": _text(self._call("nvmlDeviceGetUUID", mig_handle)),
                 "profile": match.group(1) if match else None,
                 "memory_total_mib": memory.total // _MIB if memory is not None else None,
+                "gpu_instance_id": self._call("nvmlDeviceGetGpuInstanceId", mig_handle),
+                "compute_instance_id": self._call("nvmlDeviceGetComputeInstanceId", mig_handle),
             }
             found.append((mig, mig_handle))
         return found

@@ -1,7 +1,10 @@
-"""The ``process`` runtime: JupyterLab as a local process, in a bubblewrap sandbox where present.
+"""The ``process`` runtime: JupyterLab as a local process in a bubblewrap sandbox (agents/sandbox.py).
 
-Layout under the state dir: ``homes/<user>/`` (the user's persistent home, the only user-writable
-place), ``run/<session>/`` (launcher log, exit file, Jupyter's runtime files and config).
+Layout under the state dir: ``homes/<user>/`` (the user's persistent home, ``/home/<user>`` in the
+sandbox), ``run/<session>/`` (the launcher's log and exit file, the agent's) and
+``run/<session>/private/`` (the workload's: Jupyter's config with its token, its runtime files and the
+Unix socket it listens on, ``/run/suanli`` in the sandbox). Without a sandbox (``--sandbox none``, a
+single-user development machine) the same folders are used at their host paths.
 
 Limits: containers get cgroups; a plain process gets what the host allows without privileges:
 the CPU count by affinity (``ceil(cpu_cores)`` CPUs) and memory by ``RLIMIT_DATA`` per process
@@ -29,6 +32,7 @@ import time
 import zlib
 from pathlib import Path
 
+from agents import sandbox
 from agents.gpuplan import VGPU_LIB_TARGET, GpuPlan
 from agents.runtimes import launcher
 from agents.runtimes.base import Runtime, RuntimeStartError
@@ -71,7 +75,9 @@ def process_start_ticks(pid: int) -> int | None:
     return int(fields[19])
 
 
-def jupyter_command(python: str, *, sock: str, base_url: str, root_dir: str, config_file: str) -> list[str]:
+def jupyter_command(
+    python: str, *, sock: str, base_url: str, root_dir: str, config_file: str, as_root: bool
+) -> list[str]:
     # The token travels in a 0600 config file, not argv: /proc/<pid>/cmdline is world-readable.
     # JupyterLab listens on a Unix socket only the agent (its gateway) connects to; the Host the
     # portal's proxy sends is the agent's address, hence allow_remote_access.
@@ -86,7 +92,7 @@ def jupyter_command(python: str, *, sock: str, base_url: str, root_dir: str, con
         "--ServerApp.allow_remote_access=True",
         f"--ServerApp.base_url={base_url}",
         f"--ServerApp.root_dir={root_dir}",
-        *(["--ServerApp.allow_root=True"] if os.geteuid() == 0 else []),
+        *(["--ServerApp.allow_root=True"] if as_root else []),
     ]
 
 
@@ -96,73 +102,87 @@ class ProcessRuntime(Runtime):
     def __init__(self, options) -> None:
         super().__init__(options)
         self._children: dict[int, subprocess.Popen] = {}  # launchers this agent process started
+        self._probed: str | None = None
+        self.uids = sandbox.UidPool(options.state_dir / "sandbox-uids.json", options.sandbox_uids)
 
     def sandbox_in_use(self) -> str:
-        mode = self.options.sandbox
-        if mode == "none":
+        """``bwrap``, or ``none`` only when the operator passed ``--sandbox none`` (development)."""
+        if self.options.sandbox == "none":
             return "none"
-        found = shutil.which("bwrap")
-        if mode == "bwrap" and not found:
-            raise RuntimeStartError("--sandbox bwrap, but bwrap is not on PATH")
-        return "bwrap" if found else "none"
+        if self._probed is None:
+            try:
+                sandbox.probe(shutil.which("bwrap"))
+            except sandbox.SandboxUnavailable as exc:
+                raise RuntimeStartError(str(exc))
+            self._probed = "bwrap"
+        return self._probed
 
     def start(self, spec: WorkloadSpec, plan: GpuPlan) -> dict:
         state_dir = self.options.state_dir
+        mode = self.sandbox_in_use()
         home = state_dir / "homes" / spec.user
         run_dir = state_dir / "run" / spec.session_id
+        private = run_dir / "private"  # the workload's own: its Jupyter config, socket and runtime files
         home.mkdir(parents=True, exist_ok=True, mode=0o700)
         if run_dir.exists():
             shutil.rmtree(run_dir)
-        (run_dir / "jupyter").mkdir(parents=True, mode=0o700)
-        config_file = run_dir / "jupyter_server_config.json"
+        run_dir.mkdir(parents=True, mode=0o700)
+        (private / "runtime").mkdir(parents=True, mode=0o700)
+        uid = self.uids.for_user(spec.user) if mode == "bwrap" and os.geteuid() == 0 else None
+        inside = sandbox.PRIVATE_DIR if mode == "bwrap" else str(private)
+        config_file = private / "jupyter_server_config.json"
         fd = os.open(config_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as config:
             json.dump({"IdentityProvider": {"token": spec.token}}, config)
+        if uid is not None:
+            sandbox.own(home, uid)
+            sandbox.own(private, uid)
         python = spec.environment.python or sys.executable
         if not os.access(python, os.X_OK):
             raise RuntimeStartError(f"environment.python {python} is not an executable")
-        sock_dir = run_dir / "sock"
-        sock_dir.mkdir(mode=0o700)
-        sandbox = self.sandbox_in_use()
-        # Inside the sandbox the socket's folder appears at a short fixed path (sun_path holds 108
-        # bytes); without one a path too long is bound through a short link to that folder.
-        sock = f"{SANDBOX_SOCK_DIR}/{SOCK_NAME}" if sandbox == "bwrap" else short_socket_path(sock_dir)
+        # sun_path holds 108 bytes: inside the sandbox the socket has a short fixed path; without one a
+        # path too long is bound through a short link to its folder.
+        sock = f"{inside}/{SOCK_NAME}" if mode == "bwrap" else short_socket_path(private)
+        home_seen = sandbox.home_in_sandbox(spec.user) if mode == "bwrap" else str(home)
         command = jupyter_command(
-            python, sock=sock, base_url=spec.base_url, root_dir=str(home), config_file=str(config_file)
+            python,
+            sock=sock,
+            base_url=spec.base_url,
+            root_dir=home_seen,
+            config_file=f"{inside}/{config_file.name}",
+            as_root=uid is None and os.geteuid() == 0,
         )
         env = {
             "PATH": f"{Path(python).parent}:/usr/local/bin:/usr/bin:/bin",
-            "HOME": str(home),
+            "HOME": home_seen,
             "USER": spec.user,
             "LANG": "C.UTF-8",
             "PYTHONUNBUFFERED": "1",
-            "JUPYTER_RUNTIME_DIR": str(run_dir / "jupyter"),
+            "JUPYTER_RUNTIME_DIR": f"{inside}/runtime",
             **plan.env,
         }
         sources = {m.target: m.source for m in plan.mounts}
         if plan.preload_vgpu:
             env["LD_PRELOAD"] = sources[VGPU_LIB_TARGET]
-        if sandbox == "bwrap":
-            wrap = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
-            wrap += ["--bind", str(home), str(home), "--bind", str(run_dir), str(run_dir)]
-            wrap += ["--tmpfs", "/run", "--bind", str(sock_dir), SANDBOX_SOCK_DIR]
-            # The private /tmp would hide an environment or a mounted library that lives under /tmp
-            # (an install in a temporary folder, a test's state): bind those back, read-only.
-            for needed in sorted({Path(python).parent.parent, *(Path(m.source) for m in plan.mounts)}):
-                if needed.is_relative_to("/tmp") and needed.exists():
-                    wrap += ["--ro-bind", str(needed), str(needed)]
-            if plan.mps_pipe_directory:
-                wrap += ["--bind", plan.mps_pipe_directory, plan.mps_pipe_directory]
-            wrap += [
-                "--unshare-pid",
-                "--die-with-parent",
-                "--setenv",
-                "HOME",
-                str(home),
-                "--chdir",
-                str(home),
-            ]
-            command = [*wrap, "--", *command]
+        if mode == "bwrap":
+            command = sandbox.bwrap_command(
+                bwrap=shutil.which("bwrap") or "bwrap",
+                user=spec.user,
+                uid=uid,
+                home=home,
+                private=private,
+                hidden=[str(state_dir), *self.options.sandbox_hide],
+                # the environment, and the interpreter a virtualenv links to (pyenv's lives under /root)
+                kept=[
+                    str(Path(python).parent.parent),
+                    str(Path(os.path.realpath(python)).parent.parent),
+                    *(m.source for m in plan.mounts if m.read_only),
+                ],
+                writable=[m.source for m in plan.mounts if not m.read_only],
+                device_dir=self.options.device_dir,
+                device_nodes=plan.device_nodes,
+                command=command,
+            )
         limits = self._limits(spec)
         exit_file = run_dir / "exit.json"
         log_file = run_dir / "workload.log"
@@ -174,7 +194,7 @@ class ProcessRuntime(Runtime):
             child = subprocess.Popen(  # noqa: S603
                 launch,
                 env=env,
-                cwd=home,
+                cwd="/",
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -184,20 +204,24 @@ class ProcessRuntime(Runtime):
         return {
             "pid": child.pid,
             "pid_start_ticks": process_start_ticks(child.pid),
-            "socket": str(sock_dir / SOCK_NAME),
-            "upstream": f"unix:{sock_dir / SOCK_NAME}",
+            "socket": str(private / SOCK_NAME),
+            "upstream": f"unix:{private / SOCK_NAME}",
             "base_url": spec.base_url,
             "home": str(home),
+            "home_in_sandbox": home_seen,
             "run_dir": str(run_dir),
             "exit_file": str(exit_file),
             "log_file": str(log_file),
-            "sandbox": sandbox,
+            "sandbox": mode,
+            "uid": uid if uid is not None else os.geteuid(),
             "limits": limits,
         }
 
     def jupyter_token(self, state: dict) -> str | None:
         try:
-            config = json.loads((Path(state["run_dir"]) / "jupyter_server_config.json").read_text())
+            config = json.loads(
+                (Path(state["run_dir"]) / "private" / "jupyter_server_config.json").read_text()
+            )
             return config["IdentityProvider"]["token"]
         except (OSError, ValueError, KeyError, TypeError):
             return None

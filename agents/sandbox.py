@@ -1,0 +1,199 @@
+"""The process runtime's sandbox: bubblewrap around every workload, after Flatpak's and JupyterHub's.
+
+What a tenant's code gets (``bwrap_command``):
+
+- **its own uid**, one per user on this node from ``--sandbox-uids`` (``UidPool``; never shared
+  between two users), with no capabilities, an empty bounding set and no-new-privileges. The agent
+  runs as root on a GPU host, as a kubelet does: bubblewrap sets the sandbox up as root and
+  ``setpriv`` drops to the tenant's uid as the last step. An agent that is not root runs its
+  workloads as its own uid inside a user namespace instead (a development machine);
+- **its own PID, mount, IPC, UTS and network namespaces**: it sees only its own processes, and its
+  network is a loopback of its own, so the host's loopback (the agent API, the portal, PostgreSQL,
+  Redis) and every other address are unreachable. JupyterLab listens on a Unix socket in the
+  session's private folder, which only the agent's gateway dials;
+- **a read-only host root** with the secrets hidden under empty tmpfs mounts: the agent's state
+  (workload records, other homes, MPS folders), every ``--sandbox-hide`` path (the portal's data
+  folder on a development host), ``/home``, ``/root``, ``/run``, ``/tmp`` and ``/var/tmp``. Its home
+  (``/home/<user>``) and a private ``/tmp`` are the only writable places;
+- **a ``/dev`` of its own** holding only the allocated GPU's nodes (``/dev/nvidiaN``, ``nvidiactl``,
+  ``nvidia-uvm`` and, for a MIG device, its ``nvidia-caps`` nodes), so the kernel enforces which GPU
+  it may open whatever ``CUDA_VISIBLE_DEVICES`` says.
+
+Not covered yet (docs/SECURITY.md): a seccomp filter (a tenant may still create user namespaces of
+its own where the kernel allows it), cgroup limits (the process runtime has none) and outbound
+network (off: there is no user-mode network stack wired in).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+
+PRIVATE_DIR = "/run/suanli"  # the session's private folder inside the sandbox: config, socket, runtime
+HOME_ROOT = "/home"
+ALWAYS_HIDDEN = ("/home", "/root", "/run", "/tmp", "/var/tmp")
+PRIVATE_TMP = ("/tmp", "/var/tmp")  # empty and writable: the workload's own
+DEFAULT_UIDS = (60000, 64999)
+
+
+class SandboxUnavailable(Exception):
+    """bubblewrap is missing or cannot create namespaces here; the message says what to do."""
+
+
+def parse_uid_range(text: str) -> tuple[int, int]:
+    first, sep, last = text.partition("-")
+    if not sep or not first.strip().isdigit() or not last.strip().isdigit():
+        raise ValueError(f"--sandbox-uids must be FIRST-LAST, got {text!r}")
+    low, high = int(first), int(last)
+    if not 1000 <= low <= high < 2**31:
+        raise ValueError(f"--sandbox-uids must lie within 1000..2^31 and be ordered, got {text!r}")
+    return low, high
+
+
+def probe(bwrap: str | None) -> None:
+    """Raise SandboxUnavailable unless bubblewrap can build this runtime's sandbox on this host."""
+    if bwrap is None:
+        raise SandboxUnavailable(
+            "the process runtime runs every workload in a bubblewrap sandbox, and bwrap is not on PATH: "
+            "install Debian's bubblewrap (and util-linux's setpriv), or pass --sandbox none on a "
+            "single-user development machine only"
+        )
+    if os.geteuid() == 0 and shutil.which("setpriv") is None:
+        raise SandboxUnavailable(
+            "setpriv (util-linux) is not on PATH: the sandbox cannot drop to a tenant uid"
+        )
+    command = [bwrap, *_namespaces(), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "true"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
+    if result.returncode != 0:
+        raise SandboxUnavailable(
+            "bubblewrap cannot create the sandbox's namespaces on this host "
+            f"({result.stderr.strip() or f'exit {result.returncode}'}); a container needs "
+            "--privileged or CAP_SYS_ADMIN, a host needs user namespaces enabled"
+        )
+
+
+def _namespaces() -> list[str]:
+    if os.geteuid() == 0:  # no user namespace: the tenant's uid is a real one, dropped to by setpriv
+        return ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+    return ["--unshare-all", "--cap-drop", "ALL"]
+
+
+class UidPool:
+    """One uid per user on this node, from the configured range, kept in ``<state>/sandbox-uids.json``
+    so a user's home keeps its owner across sessions and agent restarts."""
+
+    def __init__(self, path: Path, uid_range: tuple[int, int] = DEFAULT_UIDS) -> None:
+        self.path = path
+        self.range = uid_range
+        self._lock = threading.Lock()
+
+    def for_user(self, user: str) -> int:
+        with self._lock:
+            try:
+                table = json.loads(self.path.read_text())
+            except (OSError, ValueError):
+                table = {}
+            uid = table.get(user)
+            low, high = self.range
+            if isinstance(uid, int) and low <= uid <= high:
+                return uid
+            taken = {v for v in table.values() if isinstance(v, int)}
+            uid = next((u for u in range(low, high + 1) if u not in taken), None)
+            if uid is None:
+                raise SandboxUnavailable(f"every uid of --sandbox-uids {low}-{high} is taken")
+            table[user] = uid
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(table, sort_keys=True))
+            os.replace(tmp, self.path)
+            return uid
+
+
+def own(path: Path, uid: int) -> None:
+    """Give a home or a private folder to its tenant (the whole tree when its top has another owner:
+    a home made before sandbox uids, or by another agent version)."""
+    if path.lstat().st_uid == uid:
+        return
+    os.lchown(path, uid, uid)
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            os.lchown(os.path.join(root, name), uid, uid)
+
+
+def home_in_sandbox(user: str) -> str:
+    return f"{HOME_ROOT}/{user}"
+
+
+def bwrap_command(
+    *,
+    bwrap: str,
+    user: str,
+    uid: int | None,
+    home: Path,
+    private: Path,
+    hidden: Iterable[str],
+    kept: Iterable[str],
+    writable: Iterable[str],
+    device_dir: str,
+    device_nodes: Iterable[str],
+    command: list[str],
+) -> list[str]:
+    """The bubblewrap command line around ``command`` (see the module docstring).
+
+    ``hidden`` are host paths covered by an empty tmpfs; ``kept`` are paths under one of them that the
+    workload still needs read-only (its Python environment, libvgpu.so); ``writable`` are paths it needs
+    read-write (the GPU's MPS pipe folder)."""
+    args = [bwrap, *_namespaces(), "--die-with-parent", "--new-session", "--ro-bind", "/", "/"]
+    covered: list[str] = []
+    for path in sorted({os.path.abspath(p) for p in (*ALWAYS_HIDDEN, *hidden)}, key=len):
+        if os.path.isdir(path) and not any(_under(path, c) for c in covered):
+            covered.append(path)
+            args += ["--perms", "1777" if path in PRIVATE_TMP else "0755", "--tmpfs", path]
+    made: set[str] = set()
+
+    def reach(path: str) -> None:  # bubblewrap makes missing parents 0700: make them passable first
+        for folder in covered:
+            if _under(path, folder) and path != folder:
+                parts = Path(path).relative_to(folder).parts[:-1]
+                for depth in range(1, len(parts) + 1):
+                    parent = os.path.join(folder, *parts[:depth])
+                    if parent not in made:
+                        made.add(parent)
+                        args.extend(["--perms", "0755", "--dir", parent])
+
+    for path in sorted({os.path.abspath(p) for p in kept}):
+        if os.path.exists(path) and any(_under(path, c) for c in covered):
+            reach(path)
+            args += ["--ro-bind", path, path]
+    for path in sorted({os.path.abspath(p) for p in writable}):
+        if os.path.exists(path):
+            reach(path)
+            args += ["--bind", path, path]
+    args += ["--dev", "/dev", "--proc", "/proc"]
+    for node in device_nodes:
+        source = os.path.join(device_dir, node)
+        if os.path.exists(source):
+            args += ["--dev-bind", source, f"/dev/{node}"]
+    inside_home = home_in_sandbox(user)
+    args += ["--bind", str(home), inside_home, "--bind", str(private), PRIVATE_DIR]
+    args += ["--setenv", "HOME", inside_home, "--chdir", inside_home, "--"]
+    if uid is not None:
+        args += [
+            "setpriv",
+            f"--reuid={uid}",
+            f"--regid={uid}",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+            "--no-new-privs",
+            "--",
+        ]
+    return args + command
+
+
+def _under(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")

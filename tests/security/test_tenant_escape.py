@@ -1,0 +1,312 @@
+"""Tenant code is hostile: proven from inside real kernels, on a GPU host that is another machine.
+
+The topology: the portal (uvicorn, a real Celery worker) listens on the test's end of a veth pair; the
+node's agent runs in a network namespace the test creates (``tests/netns.py``), enrolled at its
+namespace's address, and starts sandboxed JupyterLab workloads there. Every request of the test goes
+through the portal's proxy to the agent's gateway; only the two addresses of that link carry traffic.
+
+The escape probes run in a kernel of one tenant while another tenant's session runs on the same node,
+and check each refusal from the inside: uid, capabilities, files, sockets, processes and GPU devices.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import httpx
+import pytest
+from django.test import Client
+
+from conftest import ROOT, subprocess_env
+from portal.services import access_token_create
+from provisioner.models import Allocation, Device, Node
+from provisioner.selectors import workload_user
+from provisioner.services.nodes import node_enroll
+from tests.agents.conftest import process_tree, processes_mentioning, run_in_kernel, wait_for
+from tests.netns import node_namespace
+from tests.provisioner.conftest import A100, ENV, make_catalog, make_user
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed"),
+]
+FLEET = ROOT / "agents" / "fleets" / "node-a.yaml"
+PORTAL_PORT, AGENT_PORT = 8600, 8801
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture
+def remote_node(transactional_db, tmp_path, celery_worker_process):
+    """The portal outside, node-a's agent in a namespace of its own; yields what the probes need."""
+    with node_namespace() as ns:
+        portal_url = f"http://{ns.host_address}:{PORTAL_PORT}"
+        agent_url = f"http://{ns.node_address}:{AGENT_PORT}"
+        env = subprocess_env(
+            AGENT_HEARTBEAT_INTERVAL_SECONDS="1",
+            ALLOWED_HOSTS=f"{ns.host_address},localhost,127.0.0.1,testserver",
+            SITE_URL=portal_url,
+        )
+        web_log = tmp_path / "uvicorn.log"
+        with open(web_log, "wb") as out:
+            web = subprocess.Popen(
+                [sys.executable, "-m", "uvicorn", "portal.asgi:application", "--host", ns.host_address,
+                 "--port", str(PORTAL_PORT), "--no-access-log"],
+                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        processes = [web]
+        state = tmp_path / "node-a"
+        devices = tmp_path / "dev"  # stand-ins for the fake fleet's device nodes: a real host has /dev
+        devices.mkdir()
+        for name in ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", *(f"nvidia{i}" for i in range(6))]:
+            (devices / name).write_text(name)
+        try:
+
+            def web_up():
+                if web.poll() is not None:
+                    raise AssertionError(f"uvicorn exited:\n{web_log.read_text()[-3000:]}")
+                with contextlib.suppress(httpx.HTTPError):
+                    return httpx.get(f"{portal_url}/healthz", timeout=2).status_code in (200, 503)
+                return False
+
+            wait_for(web_up, 30, 0.2, "the portal on the link")
+            make_catalog()
+            enrolment = node_enroll(name="node-a", address=agent_url)
+            token_file = tmp_path / "node-a.token"
+            token_file.write_text(enrolment.token + "\n")
+            token_file.chmod(0o600)
+            agent_log = tmp_path / "agent.log"
+            with open(agent_log, "wb") as out:
+                agent = subprocess.Popen(
+                    ns.command(
+                        sys.executable, "-m", "agents", "--listen", f"{ns.node_address}:{AGENT_PORT}",
+                        "--token-file", str(token_file), "--portal", portal_url, "--runtime", "process",
+                        "--state-dir", str(state), "--fleet", str(FLEET), "--heartbeat-seconds", "1",
+                        "--sandbox", "bwrap", "--sandbox-hide", str(ROOT / ".data"),
+                        "--device-dir", str(devices),
+                    ),
+                    cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                )  # fmt: skip
+            processes.append(agent)
+            node = enrolment.node
+            wait_for(
+                lambda: agent.poll() is None and Device.objects.filter(node=node).count() == 6,
+                30,
+                0.2,
+                f"node-a's GPUs over the link\n{agent_log}",
+            )
+            yield {
+                "ns": ns,
+                "portal": portal_url,
+                "agent": agent_url,
+                "node": node,
+                "state": state,
+                "token_file": token_file,
+                "agent_log": agent_log,
+                "web_log": web_log,
+            }
+        finally:
+            for process in reversed(processes):
+                _stop(process)
+            for pid in processes_mentioning(str(state)):  # workloads outlive their agent by design
+                for child in process_tree(pid):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(child, signal.SIGKILL)
+
+
+def _api(portal: str, user) -> httpx.Client:
+    _token, raw = access_token_create(user=user, name="escape", scopes=["read", "sessions"])
+    return httpx.Client(base_url=portal, headers={"Authorization": f"Bearer {raw}"}, timeout=30)
+
+
+def _cookie(user) -> dict[str, str]:
+    browser = Client()
+    browser.force_login(user)
+    return {"Cookie": f"sessionid={browser.cookies['sessionid'].value}"}
+
+
+def _running(api: httpx.Client, **fields) -> dict:
+    body = {"gpu_model": A100, "profile": "whole", "environment": ENV, "max_hours": 1, **fields}
+    created = api.post("/api/v1/sessions", json=body)
+    assert created.status_code == 201, created.text
+    sid = created.json()["id"]
+
+    def running():
+        session = api.get(f"/api/v1/sessions/{sid}").json()
+        assert session["state"] not in ("failed", "stopped"), session
+        return session if session["state"] == "running" else None
+
+    return wait_for(running, 90, 0.3, f"session {sid} running")
+
+
+def test_a_session_on_another_host_is_reached_through_the_portal_and_stopped(remote_node):
+    user = make_user()
+    api = _api(remote_node["portal"], user)
+    session = _running(api)
+    node = Node.objects.get(pk=remote_node["node"].pk)
+    assert node.address == remote_node["agent"]  # dialled as enrolled, over the link
+
+    headers = _cookie(user)
+    base = f"/jupyter/{session['id']}/"
+    with httpx.Client(base_url=remote_node["portal"], headers=headers, timeout=30) as web:
+        lab = web.get(f"{base}lab")
+        assert lab.status_code == 200 and "jupyter-config-data" in lab.text
+    out = run_in_kernel(remote_node["portal"], base, "print(sum(range(10)))", headers=headers)
+    assert out.strip().endswith("45")
+
+    assert api.post(f"/api/v1/sessions/{session['id']}/stop").status_code == 200
+    wait_for(
+        lambda: api.get(f"/api/v1/sessions/{session['id']}").json()["state"] == "stopped", 30, 0.3, "stopped"
+    )
+    with httpx.Client(base_url=remote_node["portal"], headers=headers, timeout=30) as web:
+        assert web.get(f"{base}api/status").status_code in (302, 404)
+    assert "127.0.0.1" not in remote_node["agent_log"].read_text()
+
+
+PROBE = r"""
+import json, os, socket
+T = json.loads(%r)
+def read(p):
+    try:
+        with open(p, "rb") as f:
+            f.read(1)
+        return "read"
+    except Exception as e:
+        return type(e).__name__
+def listing(p):
+    try:
+        return sorted(os.listdir(p))
+    except Exception as e:
+        return type(e).__name__
+def tcp(h, p):
+    s = socket.socket(); s.settimeout(2)
+    try:
+        s.connect((h, p)); return "connected"
+    except Exception as e:
+        return type(e).__name__
+    finally:
+        s.close()
+def unix(p):
+    s = socket.socket(socket.AF_UNIX); s.settimeout(2)
+    try:
+        s.connect(p); return "connected"
+    except Exception as e:
+        return type(e).__name__
+    finally:
+        s.close()
+def write(p):
+    try:
+        with open(p, "w") as f:
+            f.write("x")
+        return "written"
+    except Exception as e:
+        return type(e).__name__
+status = dict(l.split(":", 1) for l in open("/proc/self/status").read().splitlines() if ":" in l)
+cmdlines = []
+for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+    try:
+        cmdlines.append(open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace"))
+    except OSError:
+        pass
+print(json.dumps({
+    "uid": os.getuid(), "euid": os.geteuid(), "gid": os.getgid(), "groups": os.getgroups(),
+    "cap_eff": status["CapEff"].strip(), "cap_bnd": status["CapBnd"].strip(),
+    "no_new_privs": status["NoNewPrivs"].strip(),
+    "read": {p: read(p) for p in T["read"]},
+    "list": {p: listing(p) for p in T["list"]},
+    "tcp": {f"{h}:{p}": tcp(h, p) for h, p in T["tcp"]},
+    "unix": {p: unix(p) for p in T["unix"]},
+    "write": {p: write(p) for p in T["write"]},
+    "processes": cmdlines,
+    "dev": sorted(n for n in os.listdir("/dev") if n.startswith("nvidia")),
+}))
+"""
+
+
+def test_tenant_code_cannot_escape_its_sandbox(remote_node):
+    ns, state = remote_node["ns"], remote_node["state"]
+    alice, bob = make_user("alice"), make_user("bob")
+    alice_home, bob_home = workload_user(alice), workload_user(bob)
+    victim = _running(_api(remote_node["portal"], bob))
+    attacker = _running(_api(remote_node["portal"], alice))
+    (state / "homes" / bob_home / "secret.txt").write_text("bob's work")
+    device = Allocation.objects.select_related("device").get(session_id=attacker["id"]).device
+    data = ROOT / ".data"
+    targets = {
+        "read": [
+            str(remote_node["token_file"]),
+            str(state / "workloads" / f"{victim['id']}.json"),
+            str(state / "run" / victim["id"] / "private" / "jupyter_server_config.json"),
+            str(state / "homes" / bob_home / "secret.txt"),
+            "/etc/shadow",
+        ],
+        "list": [str(state), str(state / "homes"), str(data), "/root", "/home"],
+        "tcp": [
+            [ns.node_address, AGENT_PORT],  # the agent API, at the node's address
+            ["127.0.0.1", AGENT_PORT],
+            [ns.host_address, PORTAL_PORT],  # the portal, across the link
+            ["127.0.0.1", PORTAL_PORT],
+            ["127.0.0.1", 5432],  # PostgreSQL and Redis on their usual ports
+            ["127.0.0.1", 6379],
+        ],
+        "unix": [
+            str(data / "pg" / ".s.PGSQL.5432"),
+            str(data / "redis" / "redis.sock"),
+            str(state / "run" / victim["id"] / "private" / "jupyter.sock"),
+        ],
+        "write": [
+            "/etc/suanli-probe",
+            "/usr/suanli-probe",
+            str(ROOT / "suanli-probe"),
+            f"/home/{alice_home}/mine.txt",
+            "/tmp/mine.txt",
+        ],
+    }
+    headers = _cookie(alice)
+    out = run_in_kernel(
+        remote_node["portal"], f"/jupyter/{attacker['id']}/", PROBE % json.dumps(targets), headers=headers
+    )
+    seen = json.loads(out.strip().splitlines()[-1])
+
+    assert seen["uid"] != 0 and seen["euid"] != 0 and seen["gid"] != 0 and 0 not in seen["groups"]
+    assert int(seen["cap_eff"], 16) == 0 and int(seen["cap_bnd"], 16) == 0 and seen["no_new_privs"] == "1"
+    assert all(result != "read" for result in seen["read"].values()), seen["read"]
+    interpreter = os.path.realpath(sys.executable)  # kept readable: pyenv's lives under /root
+    shown_in_root = [interpreter.split("/")[2]] if interpreter.startswith("/root/") else []
+    for path, listed in seen["list"].items():
+        allowed = ([], "FileNotFoundError", [alice_home], *([shown_in_root] if path == "/root" else []))
+        assert listed in allowed, (path, listed)
+    assert seen["list"]["/home"] == [alice_home]  # its own home, nobody else's
+    assert all(result != "connected" for result in seen["tcp"].values()), seen["tcp"]
+    assert all(result != "connected" for result in seen["unix"].values()), seen["unix"]
+    written = {path: result for path, result in seen["write"].items() if result == "written"}
+    assert written == {f"/home/{alice_home}/mine.txt": "written", "/tmp/mine.txt": "written"}, seen["write"]
+    assert not (ROOT / "suanli-probe").exists()
+    assert (state / "homes" / alice_home / "mine.txt").read_text() == "x"
+    assert not any(victim["id"] in line for line in seen["processes"]), "sees the other session's processes"
+    assert len(seen["processes"]) < 20, seen["processes"]
+    assert seen["dev"] == sorted(["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", f"nvidia{device.index}"])
+
+    # The victim's kernel still runs, untouched.
+    bob_out = run_in_kernel(
+        remote_node["portal"],
+        f"/jupyter/{victim['id']}/",
+        f"print(open('/home/{bob_home}/secret.txt').read())",
+        headers=_cookie(bob),
+    )
+    assert bob_out.strip().endswith("bob's work")
