@@ -22,7 +22,9 @@ def test_the_gateway_serves_its_sessions_only_to_the_node_token(start_agent):
     assert httpx.get(f"{base}api/status").status_code == 401
     assert httpx.get(f"{base}api/status", headers={"Authorization": "Bearer wrong"}).status_code == 401
     # The Jupyter token is the agent's to add; a client holding it still gets nothing.
-    assert httpx.get(f"{base}api/status", headers={"Authorization": f"token {spec['token']}"}).status_code == 401
+    assert (
+        httpx.get(f"{base}api/status", headers={"Authorization": f"token {spec['token']}"}).status_code == 401
+    )
     stranger = httpx.get(f"{agent.url}/jupyter/gw-other/api/status", headers=agent.client.headers)
     assert stranger.status_code == 404 and stranger.json()["error"]["code"] == "not_found"
 
