@@ -291,7 +291,9 @@ def gpu_plan(
             "CUDA_MPS_PIPE_DIRECTORY": pipe,
             "CUDA_MPS_LOG_DIRECTORY": log,
             "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(percent),
-            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"{a.device_uuid}={memory_limit_mib}M",
+            # NVIDIA's form is "<ordinal>=<limit>": ordinals as the client enumerates its devices, and
+            # CUDA_VISIBLE_DEVICES leaves the workload exactly one, ordinal 0.
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={memory_limit_mib}M",
         }
         return GpuPlan(
             **common,

@@ -144,7 +144,7 @@ def test_equal_share_starts_one_mps_daemon_per_gpu_and_quits_it_after_the_last(s
     assert created.status_code == 201, created.text
     plan = created.json()["gpu_plan"]
     assert plan["env"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
-    assert plan["env"]["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{uuid}=40960M"
+    assert plan["env"]["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=40960M"
     assert agent.put_workload(second).status_code == 201
     pipe = str(tmp_path / "state" / "mps" / uuid / "pipe")
     assert calls.read_text().splitlines() == [f"start {uuid} {pipe}"]

@@ -88,7 +88,7 @@ def test_valid_slices_get_limits_matching_their_fraction(allocation, memory_mib)
         }
     elif allocation.sharing_policy == "equal-share":
         assert plan.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == str(percent)
-        assert plan.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{GPU}={fraction_mib}M"
+        assert plan.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={fraction_mib}M"
         assert (
             plan.env["CUDA_MPS_PIPE_DIRECTORY"] == f"/var/lib/agent/mps/{GPU}/pipe" == plan.mps_pipe_directory
         )
