@@ -316,6 +316,39 @@ def gpu_plan(
     )
 
 
+def enforcement(plan: GpuPlan, *, device_isolated: bool, preload_pinned: bool) -> dict | None:
+    """What the host really enforces of a plan, for the portal's pages: ``{"device", "memory",
+    "compute"}``, each ``{"enforced": bool, "by": …}``. ``device_isolated``: the workload can open no
+    other GPU's device node (the sandbox's /dev, a container's device request); ``preload_pinned``:
+    libvgpu.so is loaded through an ``/etc/ld.so.preload`` the workload cannot change. None for a
+    workload without a GPU."""
+    if plan.gpu_uuid is None:
+        return None
+    mig = (plan.device_uuid or "").startswith("MIG-")
+    device = {"enforced": device_isolated, "by": "device-nodes" if device_isolated else "environment"}
+    if mig:
+        return {
+            "device": device,
+            "memory": {"enforced": True, "by": "mig"},
+            "compute": {"enforced": True, "by": "mig"},
+        }
+    if plan.sharing_policy == "exclusive":
+        whole = {"enforced": device_isolated, "by": "whole-device" if device_isolated else "environment"}
+        return {"device": device, "memory": whole, "compute": whole}
+    if plan.sharing_policy == "equal-share":
+        return {
+            "device": device,
+            "memory": {"enforced": True, "by": "mps"},
+            "compute": {"enforced": True, "by": "mps"},
+        }
+    if plan.preload_vgpu:
+        capped = {"enforced": preload_pinned, "by": "libvgpu" if preload_pinned else "ld-preload-variable"}
+    else:
+        capped = {"enforced": False, "by": "no-libvgpu"}
+    compute = capped if plan.sharing_policy == "fixed-share" else {"enforced": False, "by": "time-slicing"}
+    return {"device": device, "memory": capped, "compute": compute}
+
+
 CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
 MIG_CAPABILITIES = "/proc/driver/nvidia/capabilities"
 

@@ -141,12 +141,15 @@ def bwrap_command(
     device_dir: str,
     device_nodes: Iterable[str],
     command: list[str],
+    preload_file: str | None = None,
 ) -> list[str]:
     """The bubblewrap command line around ``command`` (see the module docstring).
 
     ``hidden`` are host paths covered by an empty tmpfs; ``kept`` are paths under one of them that the
     workload still needs read-only (its Python environment, libvgpu.so); ``writable`` are paths it needs
-    read-write (the GPU's MPS pipe folder)."""
+    read-write (the GPU's MPS pipe folder). ``preload_file`` (naming HAMi's libvgpu.so) becomes the
+    sandbox's own read-only ``/etc/ld.so.preload``, which the dynamic loader reads for every process
+    whatever its environment says: unsetting ``LD_PRELOAD`` does not remove the library."""
     args = [bwrap, *_namespaces(), "--die-with-parent", "--new-session", "--ro-bind", "/", "/"]
     covered: list[str] = []
     for path in sorted({os.path.abspath(p) for p in (*ALWAYS_HIDDEN, *hidden)}, key=len):
@@ -173,6 +176,8 @@ def bwrap_command(
         if os.path.exists(path):
             reach(path)
             args += ["--bind", path, path]
+    if preload_file:
+        args += _etc_with_preload(preload_file)
     args += ["--dev", "/dev", "--proc", "/proc"]
     for node in device_nodes:
         source = os.path.join(device_dir, node)
@@ -193,6 +198,22 @@ def bwrap_command(
             "--",
         ]
     return args + command
+
+
+def _etc_with_preload(preload_file: str) -> list[str]:
+    """A read-only ``/etc`` of the host's entries plus ``ld.so.preload`` from ``preload_file``. The
+    host's ``/etc`` cannot take a new file under a read-only root, so the sandbox gets a tmpfs ``/etc``
+    with every host entry bound back (symbolic links as links)."""
+    args = ["--perms", "0755", "--tmpfs", "/etc"]
+    for entry in sorted(os.listdir("/etc")):
+        path = f"/etc/{entry}"
+        if entry == "ld.so.preload":
+            continue
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        else:
+            args += ["--ro-bind", path, path]
+    return [*args, "--ro-bind", preload_file, "/etc/ld.so.preload", "--remount-ro", "/etc"]
 
 
 def _under(path: str, folder: str) -> bool:

@@ -77,6 +77,7 @@ class Workload:
             "session_id": self.session_id,
             "state": self.state,
             "upstream": (self.runtime_state or {}).get("upstream"),
+            "enforcement": (self.runtime_state or {}).get("enforcement"),
             "exit_reason": self.exit_reason,
             "started_at": self.started_at,
             "last_alive_at": self.last_alive_at,

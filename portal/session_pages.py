@@ -204,8 +204,38 @@ def session_cost(session: Session) -> dict:
     }
 
 
+ENFORCED_WHY = {
+    "device-nodes": gettext_lazy("the sandbox's /dev holds only this GPU"),
+    "device-request": gettext_lazy("the container was given this GPU alone"),
+    "environment": gettext_lazy("only CUDA_VISIBLE_DEVICES names it, which code in the notebook can change"),
+    "whole-device": gettext_lazy("the whole device is yours"),
+    "mig": gettext_lazy("a MIG device: the GPU partitions it in hardware"),
+    "mps": gettext_lazy("the NVIDIA MPS daemon caps it"),
+    "libvgpu": gettext_lazy("HAMi-core (libvgpu.so) is preloaded by the system, not by a variable"),
+    "ld-preload-variable": gettext_lazy(
+        "HAMi-core is preloaded through LD_PRELOAD only, which code can unset"
+    ),
+    "no-libvgpu": gettext_lazy("HAMi-core (libvgpu.so) is not installed on this node"),
+    "time-slicing": gettext_lazy("time-sliced with the other sessions on this GPU"),
+}
+
+
+def enforcement_rows(enforcement: dict | None) -> dict[str, dict]:
+    """Per limit (device, memory, compute): enforced or advisory, and why, as the node reported it.
+    Nothing reported (an older agent, or not running yet) reads as advisory: never claim more."""
+    rows = {}
+    for key in ("device", "memory", "compute"):
+        part = (enforcement or {}).get(key) or {}
+        enforced = part.get("enforced") is True
+        rows[key] = {
+            "enforced": enforced,
+            "why": ENFORCED_WHY.get(part.get("by"), _("the node has not reported how it enforces this")),
+        }
+    return rows
+
+
 def session_limits(session: Session) -> dict | None:
-    """What the workload actually gets on its device (the agent enforces it; see agents/gpuplan.py)."""
+    """What the workload gets on its device, and which of it the node really enforces (agents/gpuplan)."""
     device = session.device
     if device is None:
         return None
@@ -221,6 +251,7 @@ def session_limits(session: Session) -> dict | None:
         "best-effort": _("time-sliced with the others on the GPU, no guarantee"),
     }.get(policy, policy)
     return {
+        "enforcement": enforcement_rows(session.enforcement),
         "device": device,
         "slots": (
             f"{session.slot_start}–{session.slot_start + session.slot_count - 1}"

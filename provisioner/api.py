@@ -112,6 +112,7 @@ def _limits(session: Session) -> dict:
         ),
         "slot_start": session.slot_start,
         "slot_count": session.slot_count,
+        "enforcement": session.enforcement or None,
         "memory_cap_mib": memory_cap,
         "compute_percent": percent,
         "sharing_policy": session.sharing_policy,

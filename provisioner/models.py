@@ -217,6 +217,9 @@ class Session(models.Model):
     sharing_policy = models.CharField(max_length=12, blank=True)
     jupyter_token_sealed = models.TextField()
     upstream = models.CharField(max_length=300, blank=True)
+    # What the node's agent reports it really enforces of the allocation (agents/gpuplan.enforcement):
+    # {"device"|"memory"|"compute": {"enforced": bool, "by": str}}; empty until it runs.
+    enforcement = models.JSONField(default=dict, blank=True)
 
     price_id = models.BigIntegerField(null=True, blank=True)
     price_micros_per_hour = models.BigIntegerField(default=0)

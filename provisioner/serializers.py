@@ -98,10 +98,27 @@ class DeviceRefOut(serializers.Serializer):
     memory_mib = serializers.IntegerField()
 
 
+class EnforcedOut(serializers.Serializer):
+    enforced = serializers.BooleanField()
+    by = serializers.CharField(
+        help_text="device-nodes, device-request, environment, whole-device, mig, mps, "
+        "libvgpu, ld-preload-variable, no-libvgpu or time-slicing"
+    )
+
+
+class EnforcementOut(serializers.Serializer):
+    """What the node's agent reports it really enforces; null until the session runs."""
+
+    device = EnforcedOut()
+    memory = EnforcedOut()
+    compute = EnforcedOut()
+
+
 class LimitsOut(serializers.Serializer):
     device = DeviceRefOut(allow_null=True)
     slot_start = serializers.IntegerField(allow_null=True)
     slot_count = serializers.IntegerField(allow_null=True)
+    enforcement = EnforcementOut(allow_null=True)
     memory_cap_mib = serializers.IntegerField(allow_null=True)
     compute_percent = serializers.IntegerField(allow_null=True)
     sharing_policy = serializers.CharField(allow_blank=True)

@@ -33,7 +33,7 @@ import zlib
 from pathlib import Path
 
 from agents import sandbox
-from agents.gpuplan import VGPU_LIB_TARGET, GpuPlan
+from agents.gpuplan import VGPU_LIB_TARGET, GpuPlan, enforcement
 from agents.runtimes import launcher
 from agents.runtimes.base import Runtime, RuntimeStartError
 from agents.spec import WorkloadSpec
@@ -162,7 +162,10 @@ class ProcessRuntime(Runtime):
             **plan.env,
         }
         sources = {m.target: m.source for m in plan.mounts}
-        if plan.preload_vgpu:
+        preload_file = None
+        if plan.preload_vgpu and mode == "bwrap":
+            preload_file = self._preload_file(sources[VGPU_LIB_TARGET])
+        elif plan.preload_vgpu:  # no sandbox: the variable alone, which the workload can unset
             env["LD_PRELOAD"] = sources[VGPU_LIB_TARGET]
         if mode == "bwrap":
             command = sandbox.bwrap_command(
@@ -182,6 +185,7 @@ class ProcessRuntime(Runtime):
                 device_dir=self.options.device_dir,
                 device_nodes=plan.device_nodes,
                 command=command,
+                preload_file=preload_file,
             )
         limits = self._limits(spec)
         exit_file = run_dir / "exit.json"
@@ -214,8 +218,24 @@ class ProcessRuntime(Runtime):
             "log_file": str(log_file),
             "sandbox": mode,
             "uid": uid if uid is not None else os.geteuid(),
+            "enforcement": enforcement(
+                plan, device_isolated=mode == "bwrap", preload_pinned=bool(preload_file)
+            ),
             "limits": limits,
         }
+
+    def _preload_file(self, library: str) -> str:
+        """``<state>/vgpu/sandbox-ld.so.preload``, naming the library at its host path (which the
+        sandbox shows read-only)."""
+        path = self.options.state_dir / "vgpu" / "sandbox-ld.so.preload"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        wanted = f"{os.path.abspath(library)}\n"
+        if not path.exists() or path.read_text() != wanted:
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(wanted)
+            tmp.chmod(0o644)
+            os.replace(tmp, path)
+        return str(path)
 
     def jupyter_token(self, state: dict) -> str | None:
         try:

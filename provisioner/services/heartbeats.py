@@ -44,6 +44,36 @@ def _str(value, *, required: bool = True) -> bool:
     return isinstance(value, str) and (bool(value) or not required)
 
 
+ENFORCED_BY = {
+    "device-nodes",  # the sandbox's /dev holds only this GPU's nodes
+    "device-request",  # the container runtime was given this GPU alone
+    "environment",  # CUDA_VISIBLE_DEVICES only, which the workload can change
+    "whole-device",
+    "mig",
+    "mps",
+    "libvgpu",  # libvgpu.so through an /etc/ld.so.preload the workload cannot change
+    "ld-preload-variable",  # libvgpu.so through LD_PRELOAD only, which the workload can unset
+    "no-libvgpu",
+    "time-slicing",
+}
+
+
+def enforcement_clean(value) -> dict | None:
+    """A workload's ``enforcement`` report as stored on its session, or None when the agent sent none
+    or sent garbage (the page then says nothing is known to be enforced)."""
+    if not isinstance(value, dict):
+        return None
+    cleaned = {}
+    for key in ("device", "memory", "compute"):
+        part = value.get(key)
+        if not isinstance(part, dict) or not isinstance(part.get("enforced"), bool):
+            return None
+        if part.get("by") not in ENFORCED_BY:
+            return None
+        cleaned[key] = {"enforced": part["enforced"], "by": part["by"]}
+    return cleaned
+
+
 def heartbeat_validate(body) -> dict:
     """Check the shape of a heartbeat (docs/AGENT_PROTOCOL.md); raise ValidationFailed naming each field
     at fault. Unknown extra fields are tolerated (the agent may grow), wrong types are not."""
@@ -329,6 +359,8 @@ def _record_workloads(node: Node, workloads: list[dict], now: datetime) -> None:
                 fields = {"last_alive_at": now, "gpu_util_percent": _small(util)}
                 if upstream := status.get("upstream"):
                     fields["upstream"] = upstream
+                if (enforced := enforcement_clean(status.get("enforcement"))) is not None:
+                    fields["enforcement"] = enforced
                 # The meter follows the session: a stop that lands between our read and this update
                 # leaves both at the last time the session was seen alive while running.
                 if not Session.objects.filter(id=sid, state=S.RUNNING).update(**fields):

@@ -12,6 +12,18 @@ import pytest
 from tests.agents.conftest import alive, process_tree, run_in_kernel, wait_for, workload_spec
 
 pytestmark = pytest.mark.slow
+STAND_IN_LIBRARY = next(
+    (
+        p
+        for p in (
+            "/lib/x86_64-linux-gnu/libdl.so.2",
+            "/lib/aarch64-linux-gnu/libdl.so.2",
+            "/lib64/libdl.so.2",
+        )
+        if os.path.exists(p)
+    ),
+    None,
+)
 
 PRINT_GPU_ENV = (
     "import os, json; print(json.dumps({k: os.environ.get(k) for k in "
@@ -26,9 +38,11 @@ def _kernel_env(agent, spec: dict) -> dict:
 
 
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")
+@pytest.mark.skipif(STAND_IN_LIBRARY is None, reason="no libdl.so.2 to stand in for libvgpu.so")
 def test_fixed_share_in_bwrap_survives_agent_restart_and_delete_leaves_nothing(start_agent, tmp_path):
     vgpu_lib = tmp_path / "libvgpu.so"
-    vgpu_lib.write_bytes(b"")  # a stand-in file: the agent only checks that HAMi-core is installed
+    # A stand-in: a real, harmless shared object under HAMi-core's name, so the loader can preload it.
+    shutil.copy(STAND_IN_LIBRARY, vgpu_lib)
     state = tmp_path / "state"
     agent = start_agent(state, "--sandbox", "bwrap", "--vgpu-lib", str(vgpu_lib))
     gpu = agent.inventory()["gpus"][0]
@@ -51,7 +65,23 @@ def test_fixed_share_in_bwrap_survives_agent_restart_and_delete_leaves_nothing(s
     env = _kernel_env(agent, spec)
     assert env["CUDA_VISIBLE_DEVICES"] == gpu["uuid"] == env["NVIDIA_VISIBLE_DEVICES"]
     assert env["CUDA_DEVICE_MEMORY_LIMIT"] == "20480m" and env["CUDA_DEVICE_SM_LIMIT"] == "25"
-    assert env["LD_PRELOAD"] == str(vgpu_lib)
+    assert env["LD_PRELOAD"] is None  # no variable to unset: the sandbox's /etc/ld.so.preload names it
+    assert running["enforcement"] == {
+        "device": {"enforced": True, "by": "device-nodes"},
+        "memory": {"enforced": True, "by": "libvgpu"},
+        "compute": {"enforced": True, "by": "libvgpu"},
+    }
+    # The tenant tries to get rid of it: unset the variable, start a clean process, rewrite the list.
+    escape = run_in_kernel(
+        agent.url,
+        spec["base_url"],
+        "import os, subprocess; os.environ.pop('LD_PRELOAD', None); "
+        "maps = subprocess.run(['cat', '/proc/self/maps'], env={}, capture_output=True, text=True).stdout\n"
+        "try:\n    open('/etc/ld.so.preload', 'w').write('')\n    wrote = 'written'\n"
+        "except OSError as e:\n    wrote = type(e).__name__\n"
+        "print(open('/etc/ld.so.preload').read().strip(), 'libvgpu.so' in maps, wrote)",
+    )
+    assert escape.strip().splitlines()[-1] == f"{vgpu_lib} True OSError"
     assert env["HOME"] == "/home/alice" == env["cwd"]  # its home, at a path that names nothing of the host
     assert env["pid"] < 50  # its own PID namespace
 

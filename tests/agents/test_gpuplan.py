@@ -16,6 +16,8 @@ from agents.gpuplan import (
     HostGpuTools,
     PlanError,
     cpu_plan,
+    device_nodes,
+    enforcement,
     gpu_plan,
 )
 
@@ -201,3 +203,46 @@ def test_a_lost_gpu_takes_no_workload():
     lost["gpus"][0]["health"] = "lost"
     with pytest.raises(PlanError, match="lost"):
         gpu_plan(Allocation(GPU, "whole", 0, 8, "exclusive"), lost)
+
+
+def _claims(plan, **host) -> dict[str, tuple[bool, str]]:
+    return {k: (v["enforced"], v["by"]) for k, v in enforcement(plan, **host).items()}
+
+
+def test_enforcement_claims_only_what_the_host_holds():
+    sandboxed = {"device_isolated": True, "preload_pinned": True}
+    whole = gpu_plan(Allocation(GPU, "whole", 0, 8, "exclusive"), inventory())
+    assert _claims(whole, **sandboxed) == {
+        "device": (True, "device-nodes"), "memory": (True, "whole-device"), "compute": (True, "whole-device")
+    }  # fmt: skip
+    assert _claims(whole, device_isolated=False, preload_pinned=False)["device"] == (False, "environment")
+    fixed = gpu_plan(Allocation(GPU, "1/4", 0, 2, "fixed-share"), inventory(), tools=TOOLS)
+    assert _claims(fixed, **sandboxed)["memory"] == (True, "libvgpu")
+    # libvgpu.so by LD_PRELOAD alone (no sandbox): the tenant can unset it, so it is advisory.
+    assert _claims(fixed, device_isolated=False, preload_pinned=False)["memory"] == (
+        False,
+        "ld-preload-variable",
+    )
+    bare = gpu_plan(Allocation(GPU, "1/4", 0, 2, "best-effort"), inventory(), tools=HostGpuTools())
+    assert _claims(bare, **sandboxed) == {
+        "device": (True, "device-nodes"), "memory": (False, "no-libvgpu"), "compute": (False, "time-slicing")
+    }  # fmt: skip
+    mig = gpu_plan(Allocation(MIGS["3g.40gb"], "3g.40gb", 0, 8, "exclusive"), inventory())
+    assert _claims(mig, **sandboxed)["memory"] == (True, "mig")
+    mps = gpu_plan(Allocation(GPU, "1/2", 0, 4, "equal-share"), inventory(), tools=TOOLS)
+    assert _claims(mps, **sandboxed)["compute"] == (True, "mps")
+    assert enforcement(cpu_plan(), **sandboxed) is None
+
+
+def test_device_nodes_name_the_gpu_its_minor_and_a_mig_devices_capabilities(tmp_path):
+    gpu = {"index": 1, "minor_number": 3}
+    assert device_nodes(gpu, None) == ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia3")
+    caps = tmp_path / "capabilities" / "gpu3" / "mig" / "gi2"
+    (caps / "ci0").mkdir(parents=True)
+    (caps / "access").write_text("DeviceFileMinor: 21\nDeviceFileMode: 292\n")
+    (caps / "ci0" / "access").write_text("DeviceFileMinor: 22\n")
+    mig = {"gpu_instance_id": 2, "compute_instance_id": 0}
+    assert device_nodes(gpu, mig, capabilities=str(tmp_path / "capabilities"))[-2:] == (
+        "nvidia-caps/nvidia-cap21",
+        "nvidia-caps/nvidia-cap22",
+    )

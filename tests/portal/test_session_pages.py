@@ -140,3 +140,36 @@ def test_a_chinese_reader_sees_the_lifecycle_in_chinese(fleet, django_capture_on
     page = client.get(f"/sessions/{session.id}/", HTTP_ACCEPT_LANGUAGE="zh-hans").content.decode()
     assert "已分配到 node-t" in page and "由 li 启动" in page
     assert "Placed on" not in page and "Launched by" not in page
+
+
+def test_the_page_says_enforced_only_for_what_the_node_reports_enforced(
+    fleet, django_capture_on_commit_callbacks
+):
+    user, client = _user("eve", funded=4_000_000)
+    with django_capture_on_commit_callbacks(execute=False):
+        client.post("/launch/", {"gpu_model": "T4", "profile": "1/2", "environment": "python-3.11"})
+    session = Session.objects.get(owner=user)
+
+    def badges(language: str = "en") -> dict[str, str]:
+        import re
+
+        page = client.get(f"/sessions/{session.id}/", HTTP_ACCEPT_LANGUAGE=language).content.decode()
+        found = re.findall(r'data-testid="enforced-(\w+)">([^<]+)</span> <small class="muted">([^<]+)<', page)
+        return {name: f"{badge} | {why}" for name, badge, why in found}
+
+    # Nothing reported yet: never claim more than is known.
+    assert all(text.startswith("advisory") for text in badges().values()) and len(badges()) == 3
+    session.enforcement = {
+        "device": {"enforced": True, "by": "device-nodes"},
+        "memory": {"enforced": False, "by": "no-libvgpu"},
+        "compute": {"enforced": False, "by": "time-slicing"},
+    }
+    session.save(update_fields=["enforcement"])
+    seen = badges()
+    assert seen["device"] == "enforced | the sandbox&#x27;s /dev holds only this GPU"
+    assert seen["memory"] == "advisory | HAMi-core (libvgpu.so) is not installed on this node"
+    assert seen["compute"].startswith("advisory | time-sliced")
+    user.language = "zh-hans"  # a reader's own language wins over the browser's
+    user.save(update_fields=["language"])
+    chinese = badges("zh-hans")
+    assert chinese["device"].startswith("已强制") and chinese["memory"].startswith("仅供参考")

@@ -347,3 +347,40 @@ def test_a_refused_heartbeat_names_the_status_and_the_portals_reason(live_server
         post_heartbeat(live_server.url, second.token, body)
     message = str(refused.value)
     assert "409" in message and "belongs to node ci-small" in message, message
+
+
+@pytest.mark.parametrize(
+    "reported, stored",
+    [
+        (
+            {
+                "device": {"enforced": True, "by": "device-nodes"},
+                "memory": {"enforced": True, "by": "libvgpu"},
+                "compute": {"enforced": True, "by": "libvgpu"},
+            },
+            {
+                "device": {"enforced": True, "by": "device-nodes"},
+                "memory": {"enforced": True, "by": "libvgpu"},
+                "compute": {"enforced": True, "by": "libvgpu"},
+            },
+        ),
+        ({"device": {"enforced": "yes", "by": "device-nodes"}}, {}),  # garbage is not a claim
+        ({"device": {"enforced": True, "by": "magic"}, "memory": {}, "compute": {}}, {}),
+        ("everything", {}),
+    ],
+)
+def test_what_the_agent_reports_enforced_is_kept_and_garbage_is_not(enrolled, reported, stored):
+    node, token = enrolled
+    post(token, heartbeat_body([gpu(0, "GPU-a-0")]))
+    user = make_user()
+    session = session_launch(
+        user=user, account=user.account, gpu_model=A100, profile="whole", environment=ENV, max_hours=1,
+        idle_minutes=30, idempotency_key=None,
+    )  # fmt: skip
+    post(token, heartbeat_body([gpu(0, "GPU-a-0")]))
+    answer = post(
+        token, heartbeat_body([gpu(0, "GPU-a-0")], [workload_status(session, enforcement=reported)])
+    )
+    assert answer.status_code == 200
+    session.refresh_from_db()
+    assert session.state == "running" and session.enforcement == stored
