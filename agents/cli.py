@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from agents import __version__
+from agents.egress import EgressPolicy, EgressServer
 from agents.gpuplan import VGPU_LIB_TARGET, HostGpuTools
 from agents.nvml import GpuReader, nvml_source
 from agents.nvml.fleet import FleetError
@@ -71,6 +72,18 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[p for p in _env("SANDBOX_HIDE", "").split(":") if p],
         help="a host folder the sandbox never shows (repeatable; AGENT_SANDBOX_HIDE is colon-separated)",
+    )
+    p.add_argument(
+        "--outbound",
+        default=_env("OUTBOUND", "on"),
+        choices=["on", "off"],
+        help="sandboxed workloads reach the internet over HTTP(S) through the node's egress proxy, or not",
+    )
+    p.add_argument(
+        "--egress-deny",
+        action="append",
+        default=[c for c in _env("EGRESS_DENY", "").split(",") if c],
+        help="a network (CIDR) the egress proxy refuses, e.g. the site's own (repeatable)",
     )
     p.add_argument(
         "--device-dir",
@@ -139,14 +152,19 @@ def main(argv: list[str] | None = None) -> int:
     tools = host_gpu_tools(state_dir, vgpu_lib=args.vgpu_lib, mps_control=args.mps_control)
     try:
         uids = parse_uid_range(args.sandbox_uids)
+        policy = EgressPolicy(args.egress_deny, portal_url=args.portal)
     except ValueError as exc:
         fail(str(exc))
+    egress_dir = None
+    if args.runtime == "process" and args.sandbox != "none" and args.outbound == "on":
+        egress_dir = str(state_dir / "egress")
     options = RuntimeOptions(
         state_dir=state_dir,
         sandbox=args.sandbox,
         sandbox_uids=uids,
         sandbox_hide=tuple(os.path.abspath(p) for p in args.sandbox_hide),
         device_dir=args.device_dir,
+        egress_dir=egress_dir,
         default_image=args.docker_image,
     )
     runtime = runtime_class(args.runtime)(options)
@@ -184,6 +202,11 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         reason = "address already in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
         fail(f"cannot listen on {host}:{port}: {reason}")
+    if egress_dir:
+        try:
+            EgressServer(egress_dir, policy).start()
+        except OSError as exc:
+            fail(f"cannot start the egress proxy in {egress_dir}: {exc.strerror or exc}")
     adopted = workloads.adopt()
     listen_url = args.advertise_url or f"http://{host}:{server.server_address[1]}"
     log.info(

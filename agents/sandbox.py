@@ -19,9 +19,12 @@ What a tenant's code gets (``bwrap_command``):
   ``nvidia-uvm`` and, for a MIG device, its ``nvidia-caps`` nodes), so the kernel enforces which GPU
   it may open whatever ``CUDA_VISIBLE_DEVICES`` says.
 
+- **outbound HTTP(S) only through the node's egress proxy** (agents/egress.py), which refuses the
+  host's loopback and own addresses, the portal and ``--egress-deny`` networks; ``--outbound off``
+  leaves the sandbox with no way out at all.
+
 Not covered yet (docs/SECURITY.md): a seccomp filter (a tenant may still create user namespaces of
-its own where the kernel allows it), cgroup limits (the process runtime has none) and outbound
-network (off: there is no user-mode network stack wired in).
+its own where the kernel allows it) and cgroup limits (the process runtime has none).
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ import subprocess
 import threading
 from collections.abc import Iterable
 from pathlib import Path
+
+from agents import egress
 
 PRIVATE_DIR = "/run/suanli"  # the session's private folder inside the sandbox: config, socket, runtime
 HOME_ROOT = "/home"
@@ -142,6 +147,7 @@ def bwrap_command(
     device_nodes: Iterable[str],
     command: list[str],
     preload_file: str | None = None,
+    egress_dir: str | None = None,
 ) -> list[str]:
     """The bubblewrap command line around ``command`` (see the module docstring).
 
@@ -185,6 +191,8 @@ def bwrap_command(
             args += ["--dev-bind", source, f"/dev/{node}"]
     inside_home = home_in_sandbox(user)
     args += ["--bind", str(home), inside_home, "--bind", str(private), PRIVATE_DIR]
+    if egress_dir:
+        args += ["--ro-bind", egress_dir, egress.SANDBOX_DIR]
     args += ["--setenv", "HOME", inside_home, "--chdir", inside_home, "--"]
     if uid is not None:
         args += [

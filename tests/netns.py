@@ -67,3 +67,27 @@ def node_namespace() -> Iterator[Namespace]:
         with contextlib.suppress(subprocess.CalledProcessError):
             _ip("link", "del", outside)  # takes its peer with it
         _ip("netns", "del", name)
+
+
+@contextlib.contextmanager
+def linked_namespace(node: Namespace) -> Iterator[Namespace]:
+    """Another namespace linked to ``node``'s only (a host on the internet, as the node sees it):
+    ``host_address`` is the node's end of the link, ``node_address`` this namespace's end."""
+    tag = secrets.token_hex(3)
+    name, near, far = f"suanli-{tag}", f"slh{tag}", f"sln{tag}"
+    subnet = 16 + int(tag[:2], 16) % 224
+    near_address, far_address = f"10.214.{subnet}.1", f"10.214.{subnet}.2"
+    _ip("netns", "add", name)
+    try:
+        _ip("-n", node.name, "link", "add", near, "type", "veth", "peer", "name", far)
+        _ip("-n", node.name, "link", "set", far, "netns", name)
+        _ip("-n", node.name, "addr", "add", f"{near_address}/30", "dev", near)
+        _ip("-n", node.name, "link", "set", near, "up")
+        _ip("-n", name, "addr", "add", f"{far_address}/30", "dev", far)
+        _ip("-n", name, "link", "set", far, "up")
+        _ip("-n", name, "link", "set", "lo", "up")
+        yield Namespace(name, near_address, far_address)
+    finally:
+        with contextlib.suppress(subprocess.CalledProcessError):
+            _ip("-n", node.name, "link", "del", near)
+        _ip("netns", "del", name)

@@ -29,6 +29,7 @@ class RuntimeOptions:
     sandbox: str = "auto"  # process runtime: auto | bwrap (the same: a sandbox or a refusal) | none
     sandbox_uids: tuple[int, int] = (60000, 64999)
     sandbox_hide: tuple[str, ...] = ()  # host paths the sandbox never shows (the portal's data folder)
+    egress_dir: str | None = None  # the node's egress proxy folder (agents/egress.py); None: outbound off
     device_dir: str = "/dev"  # where the GPU's device nodes are (a folder of stand-ins for a fake fleet)
     default_image: str = "quay.io/jupyter/base-notebook"
     shm_mib: int = 1024

@@ -32,7 +32,7 @@ import time
 import zlib
 from pathlib import Path
 
-from agents import sandbox
+from agents import egress, sandbox
 from agents.gpuplan import VGPU_LIB_TARGET, GpuPlan, enforcement
 from agents.runtimes import launcher
 from agents.runtimes.base import Runtime, RuntimeStartError
@@ -167,6 +167,10 @@ class ProcessRuntime(Runtime):
             preload_file = self._preload_file(sources[VGPU_LIB_TARGET])
         elif plan.preload_vgpu:  # no sandbox: the variable alone, which the workload can unset
             env["LD_PRELOAD"] = sources[VGPU_LIB_TARGET]
+        egress_dir = self.options.egress_dir if mode == "bwrap" else None
+        if egress_dir:
+            command = egress.relay_command(python, command)
+            env |= egress.proxy_env()
         if mode == "bwrap":
             command = sandbox.bwrap_command(
                 bwrap=shutil.which("bwrap") or "bwrap",
@@ -186,6 +190,7 @@ class ProcessRuntime(Runtime):
                 device_nodes=plan.device_nodes,
                 command=command,
                 preload_file=preload_file,
+                egress_dir=egress_dir,
             )
         limits = self._limits(spec)
         exit_file = run_dir / "exit.json"
@@ -217,6 +222,7 @@ class ProcessRuntime(Runtime):
             "exit_file": str(exit_file),
             "log_file": str(log_file),
             "sandbox": mode,
+            "outbound": "egress-proxy" if egress_dir else "off",
             "uid": uid if uid is not None else os.geteuid(),
             "enforcement": enforcement(
                 plan, device_isolated=mode == "bwrap", preload_pinned=bool(preload_file)

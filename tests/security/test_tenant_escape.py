@@ -29,7 +29,7 @@ from provisioner.models import Allocation, Device, Node
 from provisioner.selectors import workload_user
 from provisioner.services.nodes import node_enroll
 from tests.agents.conftest import process_tree, processes_mentioning, run_in_kernel, wait_for
-from tests.netns import node_namespace
+from tests.netns import linked_namespace, node_namespace
 from tests.provisioner.conftest import A100, ENV, make_catalog, make_user
 
 pytestmark = [
@@ -54,7 +54,7 @@ def _stop(process: subprocess.Popen) -> None:
 @pytest.fixture
 def remote_node(transactional_db, tmp_path, celery_worker_process):
     """The portal outside, node-a's agent in a namespace of its own; yields what the probes need."""
-    with node_namespace() as ns:
+    with node_namespace() as ns, linked_namespace(ns) as internet:
         portal_url = f"http://{ns.host_address}:{PORTAL_PORT}"
         agent_url = f"http://{ns.node_address}:{AGENT_PORT}"
         env = subprocess_env(
@@ -69,7 +69,15 @@ def remote_node(transactional_db, tmp_path, celery_worker_process):
                  "--port", str(PORTAL_PORT), "--no-access-log"],
                 cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
             )  # fmt: skip
-        processes = [web]
+        site = tmp_path / "site"  # a web server on "the internet": a namespace linked to the node only
+        site.mkdir()
+        (site / "hello.txt").write_text("hello from outside")
+        outside = subprocess.Popen(
+            internet.command(sys.executable, "-m", "http.server", "--bind", internet.node_address,
+                             "--directory", str(site), "8080"),
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        processes = [outside, web]
         state = tmp_path / "node-a"
         devices = tmp_path / "dev"  # stand-ins for the fake fleet's device nodes: a real host has /dev
         devices.mkdir()
@@ -112,6 +120,7 @@ def remote_node(transactional_db, tmp_path, celery_worker_process):
             )
             yield {
                 "ns": ns,
+                "internet": internet,
                 "portal": portal_url,
                 "agent": agent_url,
                 "node": node,
@@ -216,6 +225,25 @@ def write(p):
         return "written"
     except Exception as e:
         return type(e).__name__
+import urllib.request, urllib.error
+def fetch(url):
+    try:
+        return urllib.request.urlopen(url, timeout=10).read().decode()
+    except urllib.error.HTTPError as e:
+        return f"HTTP {e.code}: {e.read().decode().strip()}"
+    except Exception as e:
+        return type(e).__name__
+def tunnel(host, port):  # CONNECT through the proxy, as pip's HTTPS does, then plain HTTP inside
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
+    s.sendall(f"CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
+    answer = s.recv(4096).decode()
+    if " 200 " not in answer.split("\r\n")[0]:
+        return answer.split("\r\n")[0]
+    s.sendall(f"GET /hello.txt HTTP/1.0\r\nHost: {host}\r\n\r\n".encode())
+    data = b""
+    while chunk := s.recv(4096):
+        data += chunk
+    return data.decode().rsplit("\r\n\r\n", 1)[-1]
 status = dict(l.split(":", 1) for l in open("/proc/self/status").read().splitlines() if ":" in l)
 cmdlines = []
 for pid in (p for p in os.listdir("/proc") if p.isdigit()):
@@ -234,6 +262,9 @@ print(json.dumps({
     "write": {p: write(p) for p in T["write"]},
     "processes": cmdlines,
     "dev": sorted(n for n in os.listdir("/dev") if n.startswith("nvidia")),
+    "fetch": {u: fetch(u) for u in T["fetch"]},
+    "tunnel": tunnel(*T["tunnel"]),
+    "proxy": os.environ.get("HTTPS_PROXY"),
 }))
 """
 
@@ -277,6 +308,14 @@ def test_tenant_code_cannot_escape_its_sandbox(remote_node):
             "/tmp/mine.txt",
         ],
     }
+    site = remote_node["internet"].node_address
+    targets["fetch"] = [
+        f"http://{site}:8080/hello.txt",  # the internet, through the node's egress proxy
+        f"http://{ns.node_address}:{AGENT_PORT}/v1/health",  # the agent, asked through the proxy
+        f"http://{ns.host_address}:{PORTAL_PORT}/healthz",  # the portal, asked through the proxy
+    ]
+    targets["tcp"].append([site, 8080])  # the internet without the proxy
+    targets["tunnel"] = [site, 8080]
     headers = _cookie(alice)
     out = run_in_kernel(
         remote_node["portal"], f"/jupyter/{attacker['id']}/", PROBE % json.dumps(targets), headers=headers
@@ -301,6 +340,17 @@ def test_tenant_code_cannot_escape_its_sandbox(remote_node):
     assert not any(victim["id"] in line for line in seen["processes"]), "sees the other session's processes"
     assert len(seen["processes"]) < 20, seen["processes"]
     assert seen["dev"] == sorted(["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", f"nvidia{device.index}"])
+
+    # Outbound HTTP(S) works through the node's egress proxy, and only to the outside.
+    assert seen["proxy"] == "http://127.0.0.1:3128"
+    fetched = seen["fetch"]
+    assert fetched[f"http://{site}:8080/hello.txt"] == "hello from outside"
+    assert seen["tunnel"] == "hello from outside"
+    assert fetched[f"http://{ns.node_address}:{AGENT_PORT}/v1/health"].startswith(
+        "HTTP 403: outbound refused"
+    )
+    assert "an address of this node itself" in fetched[f"http://{ns.node_address}:{AGENT_PORT}/v1/health"]
+    assert fetched[f"http://{ns.host_address}:{PORTAL_PORT}/healthz"].startswith("HTTP 403: outbound refused")
 
     # The victim's kernel still runs, untouched.
     bob_out = run_in_kernel(
