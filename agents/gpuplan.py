@@ -316,7 +316,9 @@ def gpu_plan(
     )
 
 
-def enforcement(plan: GpuPlan, *, device_isolated: bool, preload_pinned: bool) -> dict | None:
+def enforcement(
+    plan: GpuPlan, *, device_isolated: bool, preload_pinned: bool, isolated_by: str = "device-nodes"
+) -> dict | None:
     """What the host really enforces of a plan, for the portal's pages: ``{"device", "memory",
     "compute"}``, each ``{"enforced": bool, "by": …}``. ``device_isolated``: the workload can open no
     other GPU's device node (the sandbox's /dev, a container's device request); ``preload_pinned``:
@@ -325,7 +327,7 @@ def enforcement(plan: GpuPlan, *, device_isolated: bool, preload_pinned: bool) -
     if plan.gpu_uuid is None:
         return None
     mig = (plan.device_uuid or "").startswith("MIG-")
-    device = {"enforced": device_isolated, "by": "device-nodes" if device_isolated else "environment"}
+    device = {"enforced": device_isolated, "by": isolated_by if device_isolated else "environment"}
     if mig:
         return {
             "device": device,

@@ -9,13 +9,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from agents.gpuplan import GpuPlan
+from agents.gpuplan import GpuPlan, enforcement
 from agents.runtimes.base import Runtime, RuntimeStartError
 from agents.runtimes.process import free_port
 from agents.spec import WorkloadSpec
 
 CONTAINER_PORT = 8888
 CONTAINER_HOME = "/home/jovyan"
+CONTAINER_USER = "1000:100"  # jovyan:users in the Jupyter images
 LABEL_PREFIX = "io.suanli"
 
 
@@ -74,6 +75,13 @@ def container_spec(
         "ipc_mode": "host" if plan.mps_pipe_directory else None,  # MPS clients share the daemon's IPC
         "working_dir": CONTAINER_HOME,
         "restart_policy": {"Name": "no"},
+        # The same promises as the process runtime's sandbox, by the engine's means: a non-root user,
+        # no capabilities, no privilege gain, a read-only root with only the home and /tmp writable.
+        "user": CONTAINER_USER,
+        "cap_drop": ["ALL"],
+        "security_opt": ["no-new-privileges:true"],
+        "read_only": True,
+        "tmpfs": {"/tmp": "rw,nosuid,nodev,size=1g"},
     }
 
 
@@ -120,6 +128,9 @@ class DockerRuntime(Runtime):
         except docker.errors.DockerException as exc:
             raise RuntimeStartError(f"docker could not start the container: {exc}")
         return {
+            "enforcement": enforcement(
+                plan, device_isolated=True, preload_pinned=plan.preload_vgpu, isolated_by="device-request"
+            ),
             "container_id": container.id,
             "container_name": kwargs["name"],
             "port": port,

@@ -58,6 +58,9 @@ def test_fixed_share_container_spec():
         and kwargs["pids_limit"] == 4096
     )
     assert kwargs["ports"] == {"8888/tcp": ("127.0.0.1", 41234)}
+    assert kwargs["user"] == "1000:100" and kwargs["cap_drop"] == ["ALL"]
+    assert kwargs["security_opt"] == ["no-new-privileges:true"] and kwargs["read_only"] is True
+    assert set(kwargs["tmpfs"]) == {"/tmp"}
     assert kwargs["labels"] == {
         "io.suanli.session": "dock-1",
         "io.suanli.user": "alice",
