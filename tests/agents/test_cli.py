@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import socket
 import subprocess
 import sys
@@ -71,3 +72,26 @@ def test_listen_port_in_use(tmp_path, token_file):
             "--state-dir", str(tmp_path / "s"), "--fleet", str(CI_FLEET),
         )  # fmt: skip
     _one_line_error(result, "address already in use", str(port))
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")
+def test_the_self_check_runs_the_sandbox_per_gpu_and_sees_only_that_gpu(tmp_path):
+    devices = tmp_path / "dev"
+    devices.mkdir()
+    for name in ["nvidiactl", "nvidia-uvm", *(f"nvidia{i}" for i in range(6))]:
+        (devices / name).write_text(name)
+    fleet = REPO / "agents" / "fleets" / "node-a.yaml"
+    result = subprocess.run(
+        [sys.executable, "-m", "agents", "check", "--fleet", str(fleet), "--device-dir", str(devices)],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert sum(line.startswith("PASS  GPU ") for line in lines) == 6
+    assert "/dev: nvidia-uvm, nvidia3, nvidiactl)" in result.stdout  # GPU 3 sees nvidia3 and no other
+    assert "libvgpu.so absent" in result.stdout and lines[-1] == "all checks passed"
+    broken = subprocess.run(
+        [sys.executable, "-m", "agents", "check", "--fleet", str(tmp_path / "missing.yaml")],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert broken.returncode == 1 and broken.stdout.startswith("FAIL  NVML")
