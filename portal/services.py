@@ -45,11 +45,9 @@ def user_create(
             raise ValidationFailed(
                 _("That username is taken."), fields={"username": _("That username is taken.")}
             )
-        account = Account.objects.create(kind=Account.Kind.USER, name=username)
         user = user_model(
             username=username,
             email=email,
-            account=account,
             is_staff=is_staff,
             is_superuser=is_staff,
             language=language,
@@ -61,7 +59,28 @@ def user_create(
             raise ValidationFailed(
                 _("That username is taken."), fields={"username": _("That username is taken.")}
             ) from None
+        # the post_save receiver gave the user their account (user_account_ensure) in this transaction
     return user
+
+
+def user_account_ensure(*, user: User) -> Account:
+    """Give ``user`` their own paying account unless they have one; return it.
+
+    The one way a user gets an account, whatever made the user (signup, ``createsuperuser``, the admin,
+    single sign-on): the ``post_save`` receiver in ``portal.signals`` calls it. Idempotent and safe
+    under concurrent calls: it locks the user row and re-reads ``account_id`` before making one, and
+    sets it with an update (no second ``post_save``)."""
+    if user.account_id:
+        return user.account
+    with transaction.atomic():
+        locked = get_user_model().objects.select_for_update().only("account_id").get(pk=user.pk)
+        if locked.account_id is None:
+            account = Account.objects.create(kind=Account.Kind.USER, name=user.get_username())
+            get_user_model().objects.filter(pk=user.pk).update(account=account)
+        else:
+            account = Account.objects.get(pk=locked.account_id)
+    user.account = account
+    return account
 
 
 def user_update_profile(*, user: User, email: str, language: str, time_zone: str) -> User:
