@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.contrib.auth.admin import UserAdmin as DjangoUserAdmin
 
 from portal.models import Membership, Team, TeamInvite, User
+from portal.services import user_account_ensure
 
 
 @admin.register(User)
@@ -11,6 +12,12 @@ class UserAdmin(DjangoUserAdmin):
     search_fields = ("username", "email")
     readonly_fields = ("account", "date_joined", "last_login")
     fieldsets = (*DjangoUserAdmin.fieldsets, ("Suanli", {"fields": ("account", "language", "time_zone")}))
+
+    def save_model(self, request, obj, form, change) -> None:
+        super().save_model(request, obj, form, change)
+        # a new user got their account from the post_save receiver; an old one left without (portal.E001)
+        # gets it here
+        user_account_ensure(user=obj)
 
 
 class MembershipInline(admin.TabularInline):

@@ -4,3 +4,6 @@ from django.apps import AppConfig
 class PortalConfig(AppConfig):
     name = "portal"
     verbose_name = "Portal"
+
+    def ready(self) -> None:
+        from portal import checks, signals  # noqa: F401  (registers the receivers and the checks)

@@ -22,6 +22,19 @@ class SignupForm(forms.Form):
         help_text=_("A compute-card code, if you have one: it is redeemed as soon as you sign up."),
     )
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if settings.SIGNUP_EMAIL_VERIFICATION:
+            self.fields["email"].required = True
+            self.fields["email"].help_text = _("We send a link to this address to confirm it.")
+        if settings.SIGNUP_INVITE_REQUIRED:
+            code = self.fields["invite_code"]
+            code.required = True
+            code.label = _("Invite code")
+            code.help_text = _(
+                "This portal is open to invited users: enter the compute-card code you were given."
+            )
+
 
 class ProfileForm(forms.Form):
     email = forms.EmailField(label=_("Email"), required=False)

@@ -23,7 +23,7 @@ from django.utils.translation import gettext as _
 from billing import selectors as billing_selectors
 from billing.errors import ApplicationError, ValidationFailed
 from billing.models import Account, Entry, LedgerAccount, Transfer
-from portal.selectors import accounts_payable_by
+from portal.selectors import account_managed_by, accounts_payable_by
 
 
 def _account(request: HttpRequest) -> Account:
@@ -70,6 +70,8 @@ def _money_context(request: HttpRequest, account: Account) -> dict:
     return {
         "account": account,
         "accounts": accounts_payable_by(user=request.user),
+        # split, gift, revoke and top up: the account's own user, a team's owners and admins
+        "can_manage": account_managed_by(user=request.user, account=account),
         "funds": funds,
         "cards": cards,
         "runway_warn": funds.runway_seconds is not None and funds.runway_seconds < 600,

@@ -75,6 +75,16 @@ def accounts_payable_by(*, user: User) -> list[Account]:
     return accounts
 
 
+def account_managed_by(*, user: User, account: Account) -> bool:
+    """Whether ``user`` may move ``account``'s money and cards (split, gift, revoke, top up): their own
+    account, or a team's where they are an owner or admin (``settings.ACCOUNT_MANAGER_SELECTOR``)."""
+    if account.kind == Account.Kind.USER:
+        return account.pk == user.account_id
+    return Membership.objects.filter(
+        user=user, team__account=account, role__in=[Membership.Role.OWNER, Membership.Role.ADMIN]
+    ).exists()
+
+
 def user_for_django_session(*, django_session_key: str) -> User | None:
     """The logged-in, active user of a Django session key (as the cookie carries it), or None."""
     from django.conf import settings

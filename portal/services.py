@@ -17,6 +17,7 @@ from django.utils.translation import gettext as _
 from billing.audit import audit_record
 from billing.errors import Conflict, Forbidden, NotFound, ValidationFailed
 from billing.models import Account
+from billing.permissions import TEAM_ROLE_REQUIRED
 from portal.models import AccessToken, Membership, Team, TeamInvite, User
 from provisioner.models import Quota
 from provisioner.services import quotas
@@ -45,11 +46,9 @@ def user_create(
             raise ValidationFailed(
                 _("That username is taken."), fields={"username": _("That username is taken.")}
             )
-        account = Account.objects.create(kind=Account.Kind.USER, name=username)
         user = user_model(
             username=username,
             email=email,
-            account=account,
             is_staff=is_staff,
             is_superuser=is_staff,
             language=language,
@@ -61,7 +60,28 @@ def user_create(
             raise ValidationFailed(
                 _("That username is taken."), fields={"username": _("That username is taken.")}
             ) from None
+        # the post_save receiver gave the user their account (user_account_ensure) in this transaction
     return user
+
+
+def user_account_ensure(*, user: User) -> Account:
+    """Give ``user`` their own paying account unless they have one; return it.
+
+    The one way a user gets an account, whatever made the user (signup, ``createsuperuser``, the admin,
+    single sign-on): the ``post_save`` receiver in ``portal.signals`` calls it. Idempotent and safe
+    under concurrent calls: it locks the user row and re-reads ``account_id`` before making one, and
+    sets it with an update (no second ``post_save``)."""
+    if user.account_id:
+        return user.account
+    with transaction.atomic():
+        locked = get_user_model().objects.select_for_update().only("account_id").get(pk=user.pk)
+        if locked.account_id is None:
+            account = Account.objects.create(kind=Account.Kind.USER, name=user.get_username())
+            get_user_model().objects.filter(pk=user.pk).update(account=account)
+        else:
+            account = Account.objects.get(pk=locked.account_id)
+    user.account = account
+    return account
 
 
 def user_update_profile(*, user: User, email: str, language: str, time_zone: str) -> User:
@@ -99,7 +119,7 @@ def _membership(team: Team, user: User) -> Membership:
 def _require_manager(team: Team, user: User) -> Membership:
     membership = _membership(team, user)
     if not membership.manages_team:
-        raise Forbidden(_("Only the team's owners and admins can do that."))
+        raise Forbidden(_("Only the team's owners and admins can do that."), code=TEAM_ROLE_REQUIRED)
     return membership
 
 
@@ -113,7 +133,7 @@ def team_invite_create(
             _("An invite grants the admin or member role."), fields={"role": _("Invalid role.")}
         )
     if role == Membership.Role.ADMIN and actor_membership.role != Membership.Role.OWNER:
-        raise Forbidden(_("Only an owner can invite admins."))
+        raise Forbidden(_("Only an owner can invite admins."), code="team_owner_required")
     if not 1 <= valid_days <= 90 or not 1 <= max_uses <= 1000:
         raise ValidationFailed(_("An invite lasts 1 to 90 days and 1 to 1000 uses."))
     code = "".join(secrets.choice(INVITE_ALPHABET) for _ in range(12))
@@ -173,9 +193,9 @@ def team_member_remove(*, team: Team, actor: User, member: User) -> None:
         actor_membership = _require_manager(team, actor)
         target = _membership(team, member)
         if target.role == Membership.Role.OWNER:
-            raise Forbidden(_("An owner cannot be removed; they can leave."))
+            raise Forbidden(_("An owner cannot be removed; they can leave."), code="team_owner_protected")
         if target.role == Membership.Role.ADMIN and actor_membership.role != Membership.Role.OWNER:
-            raise Forbidden(_("Only an owner can remove an admin."))
+            raise Forbidden(_("Only an owner can remove an admin."), code="team_owner_required")
         before = {"role": target.role}
         target.delete()
         audit_record(
@@ -196,7 +216,7 @@ def team_member_set_role(*, team: Team, actor: User, member: User, role: str) ->
         Team.objects.select_for_update().get(pk=team.pk)
         actor_membership = _membership(team, actor)
         if actor_membership.role != Membership.Role.OWNER:
-            raise Forbidden(_("Only an owner can change roles."))
+            raise Forbidden(_("Only an owner can change roles."), code="team_owner_required")
         target = _membership(team, member)
         if (
             target.role == Membership.Role.OWNER
@@ -234,7 +254,7 @@ def team_member_cap_set(
     member's quota row and writes the audit row. Raises NotFound (the actor or ``member`` is not in the
     team), Forbidden, ValidationFailed."""
     if not _membership(team, actor).manages_team:
-        raise Forbidden(_("Only the team's owners and admins set caps."))
+        raise Forbidden(_("Only the team's owners and admins set caps."), code=TEAM_ROLE_REQUIRED)
     if not Membership.objects.filter(team=team, user=member).exists():
         raise NotFound(_("No such member in this team."))
     team_limits = quotas.limits_for_account(account=team.account)

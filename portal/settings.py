@@ -148,6 +148,17 @@ TEMPLATES = [
 AUTH_USER_MODEL = "portal.User"
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "dashboard"
+
+# --- sign-up (portal/services.py: user_signup) ---
+try:
+    SIGNUP_RATE_PER_HOUR = env("SIGNUP_RATE_PER_HOUR", 50)  # sign-up attempts per client address an hour
+    SIGNUP_EMAIL_VERIFICATION = env("SIGNUP_EMAIL_VERIFICATION", False)
+    SIGNUP_VERIFY_DAYS = env("SIGNUP_VERIFY_DAYS", 3)
+    SIGNUP_INVITE_REQUIRED = env("SIGNUP_INVITE_REQUIRED", False)  # a course's closed portal
+except ConfigError as exc:
+    _fail(str(exc))
+if SIGNUP_RATE_PER_HOUR < 1 or SIGNUP_VERIFY_DAYS < 1:
+    _fail("SIGNUP_RATE_PER_HOUR and SIGNUP_VERIFY_DAYS must be at least 1.")
 LOGOUT_REDIRECT_URL = "home"
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
@@ -234,6 +245,8 @@ CELERY_BEAT_SCHEDULE = {
 # --- billing settings (owned by billing) ---
 try:
     PAYING_ACCOUNTS_SELECTOR = env("PAYING_ACCOUNTS_SELECTOR", "portal.selectors.accounts_payable_by")
+    # who may split, gift and revoke an account's cards and top it up (billing/permissions.py)
+    ACCOUNT_MANAGER_SELECTOR = "portal.selectors.account_managed_by"
     BILLING_RUNWAY_WARN_SECONDS = env("BILLING_RUNWAY_WARN_SECONDS", 600)
     BILLING_ADMISSION_MINUTES = env("BILLING_ADMISSION_MINUTES", 10)
     BILLING_POSTING_INTERVAL_SECONDS = env("BILLING_POSTING_INTERVAL_SECONDS", 60)

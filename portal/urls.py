@@ -10,6 +10,7 @@ urlpatterns = [
     path("healthz", views.healthz, name="healthz"),
     path("metrics", metrics.metrics, name="metrics"),
     path("signup/", views.signup, name="signup"),
+    path("signup/verify/<str:token>/", views.signup_verify, name="signup_verify"),
     path("login/", views.ThrottledLoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("password/reset/", auth_views.PasswordResetView.as_view(), name="password_reset"),

@@ -20,6 +20,7 @@ from django.views.decorators.http import require_POST
 from billing.errors import ApplicationError, ValidationFailed
 from billing.services.topups import amount_parse
 from portal import selectors, services
+from portal import signup as signup_services
 from portal.forms import ProfileForm, SignupForm, TeamCreateForm, TeamInviteForm, TeamJoinForm
 from portal.health import health_report
 from portal.models import AccessToken, Membership, TeamInvite, User
@@ -35,13 +36,23 @@ def signup(request: HttpRequest) -> HttpResponse:
     if request.user.is_authenticated:
         return redirect("dashboard")
     form = SignupForm(request.POST or None, initial={"invite_code": request.GET.get("code", "")})
+    if request.method == "POST":
+        ip = request.META.get("REMOTE_ADDR", "")
+        try:
+            signup_services.signup_rate_check(ip=ip)
+        except ApplicationError as exc:
+            form.is_valid()
+            form.add_error(None, exc.message)
+            return render(request, "registration/signup.html", {"form": form}, status=exc.status)
     if request.method == "POST" and form.is_valid():
         try:
-            user = services.user_create(
+            done = signup_services.user_signup(
                 username=form.cleaned_data["username"],
                 email=form.cleaned_data["email"],
                 password=form.cleaned_data["password"],
                 language=translation.get_language() or settings.LANGUAGE_CODE,
+                invite_code=form.cleaned_data.get("invite_code", ""),
+                ip=ip,
             )
         except ApplicationError as exc:
             for field, reason in exc.fields.items():
@@ -49,13 +60,38 @@ def signup(request: HttpRequest) -> HttpResponse:
             if not exc.fields:
                 form.add_error(None, exc.message)
         else:
-            login(request, user, backend="django.contrib.auth.backends.ModelBackend")
-            messages.success(request, _("Welcome to Suanli, %(name)s.") % {"name": user.username})
-            code = form.cleaned_data.get("invite_code", "").strip()
-            if code:
-                return _redeem_after_signup(request, user, code)
-            return redirect("dashboard")
+            return _signed_up(request, done)
     return render(request, "registration/signup.html", {"form": form})
+
+
+def _signed_up(request: HttpRequest, done: signup_services.Signup) -> HttpResponse:
+    if done.verification_sent:
+        return render(request, "registration/signup_verify_sent.html", {"email": done.user.email})
+    login(request, done.user, backend="django.contrib.auth.backends.ModelBackend")
+    messages.success(request, _("Welcome to Suanli, %(name)s.") % {"name": done.user.username})
+    if done.code_error:
+        messages.error(
+            request,
+            _("Your account is ready, but the code was not redeemed: %(why)s") % {"why": done.code_error},
+        )
+        return redirect("cards")
+    if done.card is not None:
+        messages.success(request, _("Your compute card is redeemed: you can launch a session now."))
+    return redirect("dashboard")
+
+
+def signup_verify(request: HttpRequest, token: str) -> HttpResponse:
+    """The link of the confirmation email: activates the user and logs them in."""
+    try:
+        user = signup_services.user_email_verify(token=token)
+    except ApplicationError as exc:
+        messages.error(request, exc.message)
+        return redirect("login" if exc.status == 409 else "signup")
+    login(request, user, backend="django.contrib.auth.backends.ModelBackend")
+    messages.success(
+        request, _("Your email is confirmed. Welcome to Suanli, %(name)s.") % {"name": user.username}
+    )
+    return redirect("dashboard")
 
 
 @login_required
@@ -63,21 +99,6 @@ def dashboard(request: HttpRequest) -> HttpResponse:
     return render(
         request, "portal/dashboard.html", {"teams": selectors.team_list_for_user(user=request.user)}
     )
-
-
-def _redeem_after_signup(request: HttpRequest, user: User, code: str) -> HttpResponse:
-    """A visitor who came with a compute-card code gets it redeemed in the same step as signing up."""
-    from billing.services.cards import card_redeem
-
-    try:
-        card_redeem(user=user, account=user.account, code=code, ip=request.META.get("REMOTE_ADDR", ""))
-    except ApplicationError as exc:
-        messages.error(
-            request, _("Your account is ready, but the code was not redeemed: %(why)s") % {"why": exc.message}
-        )
-        return redirect("cards")
-    messages.success(request, _("Your compute card is redeemed: you can launch a session now."))
-    return redirect("dashboard")
 
 
 @login_required

@@ -32,6 +32,7 @@ from billing.models import (
     Notification,
     Transfer,
 )
+from billing.permissions import cards_manager_require
 from billing.services.ledger import (
     Leg,
     idempotency_key_check,
@@ -43,6 +44,12 @@ from billing.services.metering import db_now
 
 GIFT_CODE_VALID_DAYS = 14
 MAX_BATCH = 10_000
+
+
+def _team_move_audit(*, actor, account: Account, action: str, card: Card, after: dict) -> None:
+    """A team's card moves are audited (who, which card, what): its members share what it holds."""
+    if account.kind == Account.Kind.TEAM:
+        audit_record(actor=actor, action=action, target=account, after={"card_id": card.id, **after})
 
 
 def _hours_micros(value: object, field: str) -> int:
@@ -230,6 +237,13 @@ def _redeem_code(*, user, account: Account, data: str, now: datetime) -> Card:
         LedgerAccount.objects.filter(id=card.ledger_account_id).update(owner=account)
         invite.used_at = now
         invite.save(update_fields=["used_at"])
+        _team_move_audit(
+            actor=user,
+            account=account,
+            action="cards.redeem",
+            card=card,
+            after={"hours_micros": card.hours_micros},
+        )
     return card
 
 
@@ -317,8 +331,10 @@ def card_split(
     Codes are stored hashed, so the first ones cannot be shown again: a replay gives each part not yet
     redeemed a fresh code and retires the old one (the caller that lost the answer never saw it).
     Raises NotFound, ValidationFailed (not splittable, too many parts, a part below the minimum,
-    more than remains, expired, a bad key), Conflict (the key was used for other parts).
+    more than remains, expired, a bad key), Conflict (the key was used for other parts), Forbidden
+    ``team_role_required`` (``actor`` is a plain member of the team whose card it is).
     """
+    cards_manager_require(actor=actor, account=account)
     idempotency_key_check(idempotency_key)
     if not isinstance(parts, list) or not parts:
         raise ValidationFailed(_("Give the parts as a list of hours."), fields={"parts": "required"})
@@ -350,9 +366,19 @@ def card_split(
             raise ValidationFailed(
                 _("The parts add up to more than the card holds."), fields={"parts": "too much"}
             )
-        return _make_parts(
+        made = _make_parts(
             card=card, ledger=ledger, amounts=parts, actor=actor, now=now, split_key=idempotency_key
         )
+        _team_move_audit(
+            actor=actor,
+            account=account,
+            action="cards.split",
+            card=card,
+            after={
+                "parts": [{"card_id": part.id, "hours_micros": part.hours_micros} for part, _code in made]
+            },
+        )
+        return made
 
 
 def _split_replay(replayed: list[Card], *, parts: list[int], now: datetime) -> list[tuple[Card, str]]:
@@ -374,7 +400,9 @@ def _split_replay(replayed: list[Card], *, parts: list[int], now: datetime) -> l
 
 def card_gift(*, card_id: int, account: Account, actor=None) -> tuple[Card, str]:
     """Give away everything a card holds: a new unredeemed part with a code (returned once). The
-    card stays, empty, as its parent, so revoking the gift brings the hours back. Locks as split."""
+    card stays, empty, as its parent, so revoking the gift brings the hours back. Locks as split.
+    Raises Forbidden ``team_role_required`` for a plain member of the team whose card it is."""
+    cards_manager_require(actor=actor, account=account)
     now = db_now()
     with transaction.atomic():
         card, ledger = _owned_card_locked(card_id, account)
@@ -383,6 +411,13 @@ def card_gift(*, card_id: int, account: Account, actor=None) -> tuple[Card, str]
             raise ValidationFailed(_("This card is empty."), code="card_empty")
         ((part, code),) = _make_parts(
             card=card, ledger=ledger, amounts=[ledger.balance_micros], actor=actor, now=now
+        )
+        _team_move_audit(
+            actor=actor,
+            account=account,
+            action="cards.gift",
+            card=card,
+            after={"part_id": part.id, "hours_micros": part.hours_micros},
         )
         return part, code
 
@@ -418,7 +453,9 @@ def _return_to_parent_locked(part: Card, *, kind: str, now: datetime, actor=None
 def card_revoke(*, card_id: int, account: Account, actor=None) -> Card:
     """Withdraw an unredeemed part made from one of ``account``'s cards: its hours go back to the
     parent (to expiry, if the parent has expired) and its code stops working. Locks the part, the
-    parent, then the ledger accounts. Raises NotFound, Conflict (already redeemed or retired)."""
+    parent, then the ledger accounts. Raises NotFound, Conflict (already redeemed or retired), Forbidden
+    ``team_role_required`` (a plain member of the team whose card it came from)."""
+    cards_manager_require(actor=actor, account=account)
     now = db_now()
     with transaction.atomic():
         part = Card.objects.select_for_update().filter(id=card_id, parent__owner=account).first()
@@ -429,6 +466,13 @@ def card_revoke(*, card_id: int, account: Account, actor=None) -> Card:
                 _("Only a part nobody has redeemed yet can be revoked."), code="card_not_revocable"
             )
         _return_to_parent_locked(part, kind=Transfer.Kind.CARD_REVOKE, now=now, actor=actor)
+        _team_move_audit(
+            actor=actor,
+            account=account,
+            action="cards.revoke",
+            card=part,
+            after={"parent_id": part.parent_id, "state": part.state},
+        )
     return part
 
 

@@ -19,8 +19,10 @@ from django.db import connection, transaction
 from django.db.models.functions import Now
 from django.utils.translation import gettext as _
 
+from billing.audit import audit_record
 from billing.errors import ValidationFailed
 from billing.models import Account, LedgerAccount, StripeEvent, TopUp, TopUpDispute, Transfer
+from billing.permissions import topup_manager_require
 from billing.services.ledger import (
     Leg,
     lock_accounts,
@@ -86,8 +88,11 @@ def topup_create(
 ) -> TopUp:
     """Start a top-up: create a Stripe Checkout Session (mode=payment) for ``amount_micros`` and record
     it as a pending TopUp. Nothing is credited here (the webhook does). The Stripe call carries an
-    idempotency key. Raises ValidationFailed (bounds, amount not in whole minor units, Stripe not set up).
+    idempotency key. Raises ValidationFailed (bounds, amount not in whole minor units, Stripe not set up),
+    Forbidden ``team_role_required`` (a plain member of the team whose account it is). A team's top-up
+    leaves an audit row.
     """
+    topup_manager_require(actor=actor, account=account)
     if isinstance(amount_micros, bool) or not isinstance(amount_micros, int) or amount_micros <= 0:
         raise ValidationFailed(_("The amount must be more than zero."), fields={"amount": "must be > 0"})
     if not settings.TOPUP_MIN_MICROS <= amount_micros <= settings.TOPUP_MAX_MICROS:
@@ -143,6 +148,13 @@ def topup_create(
                 "created_by": actor if getattr(actor, "pk", None) else None,
             },
         )
+        if _created and account.kind == Account.Kind.TEAM:
+            audit_record(
+                actor=actor,
+                action="wallet.topup_create",
+                target=account,
+                after={"topup_id": topup.id, "amount_micros": amount_micros, "currency": currency},
+            )
     return topup
 
 

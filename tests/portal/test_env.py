@@ -67,3 +67,14 @@ def test_an_unknown_setting_value_gets_one_clear_line():
     assert result.returncode == 2
     assert "DEBUG='sometimes' is not valid" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_bad_signup_setting_gets_one_clear_line():
+    urls = {"DATABASE_URL": "postgresql://u@db/x", "REDIS_URL": "redis://h:1/0"}
+    result = _manage_check(SIGNUP_EMAIL_VERIFICATION="maybe", **urls)
+    assert result.returncode == 2
+    assert "SIGNUP_EMAIL_VERIFICATION='maybe' is not valid" in result.stderr
+    result = _manage_check(SIGNUP_RATE_PER_HOUR="0", **urls)
+    assert result.returncode == 2
+    assert "SIGNUP_RATE_PER_HOUR and SIGNUP_VERIFY_DAYS must be at least 1" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -113,7 +113,7 @@ def test_a_team_admin_caps_but_a_member_cannot(course):
     url = f"/api/v1/teams/{team.slug}/members/{student.pk}/cap"
     assert _client(helper).put(url, cap, format="json").status_code == 200
     refused = _client(student).put(f"/api/v1/teams/{team.slug}/members/{lead.pk}/cap", cap, format="json")
-    assert refused.status_code == 403 and refused.json()["error"]["code"] == "forbidden"
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "team_role_required"
     assert not Quota.objects.filter(user=lead, account=team.account).exists()
 
 

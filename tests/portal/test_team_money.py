@@ -75,3 +75,25 @@ def test_the_dashboard_shows_card_expiry_reminders(team):
     )
     page = _login(lead).get("/dashboard/").content.decode()
     assert 'data-testid="notifications"' in page and "Your card expires tomorrow." in page
+
+
+def test_a_member_sees_the_team_cards_and_wallet_without_split_gift_or_top_up(team):
+    from billing.services.cards import card_batch_issue, card_redeem
+
+    team, lead, student = team
+    _batch, (code,) = card_batch_issue(hours_micros=4_000_000, count=1, valid_days=30, max_parts=3)
+    card = card_redeem(user=lead, account=team.account, code=code)
+    member_cards = _login(student).get(f"/cards/?account={team.account_id}").content.decode()
+    assert 'data-testid="team-role-note"' in member_cards and 'value="split"' not in member_cards
+    member_wallet = _login(student).get(f"/wallet/?account={team.account_id}").content.decode()
+    assert 'data-testid="team-role-note"' in member_wallet and 'name="amount"' not in member_wallet
+
+    lead_cards = _login(lead).get(f"/cards/?account={team.account_id}").content.decode()
+    assert 'value="split"' in lead_cards and 'data-testid="team-role-note"' not in lead_cards
+
+    refused = _login(student).post(
+        f"/cards/?account={team.account_id}", {"action": "gift", "card": card.pk}, follow=True
+    )
+    assert "Only the team&#x27;s owners and admins" in refused.content.decode()
+    card.refresh_from_db()
+    assert card.state == "active" and not card.parts.exists()

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
+import stripe
 from django.core.cache import cache
 from django.urls import URLPattern, URLResolver, get_resolver
 from drf_spectacular.generators import SchemaGenerator
@@ -31,12 +32,13 @@ from billing.models import (
     TopUp,
     Transfer,
 )
-from billing.services.cards import card_batch_issue, card_redeem
+from billing.services.cards import card_batch_issue, card_redeem, card_split
 from portal.models import AccessToken, Membership, TeamInvite
 from portal.services import access_token_create, team_create, team_invite_create
 from provisioner.models import Node, Quota, Session
 from provisioner.services.sessions import session_launch
 from tests.billing.conftest import fund
+from tests.billing.test_topups import localstripe_url  # noqa: F401  (the fixture)
 from tests.provisioner.conftest import A100, ENV, gpu, make_catalog, make_node, make_user
 
 pytestmark = pytest.mark.django_db
@@ -542,3 +544,137 @@ def test_a_staff_users_read_token_cannot_change_staff_state(world):
     response = client.post(f"/api/v1/admin/nodes/{world.node.id}/drain", {"reason": "x"}, format="json")
     assert response.status_code == 403, response.content
     assert state_of_the_world() == before
+
+
+# --- team roles × card and money actions -----------------------------------------------------------
+#
+# On the team's account (``?account=`` the team's): an owner and an admin split, gift and revoke its
+# cards, top it up and cap members; a plain member sees it, redeems onto it and spends from it within
+# their caps, and every other move is a 403 ``team_role_required`` that changes nothing; a stranger finds
+# no such account (404). Each allowed move leaves an audit row naming its actor. The rules: docs/TEAMS.md.
+
+ROLES = ("owner", "admin", "member", "stranger")
+CALLER = {"owner": "alice", "admin": "carol", "member": "bob", "stranger": "mallory"}
+
+
+@dataclass(frozen=True)
+class MoneyAction:
+    method: str
+    url: Callable[[World, Card], str]
+    body: Callable[[World], dict] | None
+    allowed: tuple[str, ...]  # the roles that may
+    status: int  # the status of an allowed call
+    audit: str | None  # the audit action an allowed call writes
+
+
+def _team_cards(path: str) -> Callable[[World, Card], str]:
+    return lambda w, part: f"/api/v1/cards/{w.team_card.id}{path}?account={team(w)}"
+
+
+MANAGERS = ("owner", "admin")
+MEMBERS = ("owner", "admin", "member")
+MONEY_ACTIONS: dict[str, MoneyAction] = {
+    "split": MoneyAction(
+        "POST", _team_cards("/split"), lambda w: {"parts": ["1"]}, MANAGERS, 201, "cards.split"
+    ),
+    "gift": MoneyAction("POST", _team_cards("/gift"), None, MANAGERS, 201, "cards.gift"),
+    "revoke": MoneyAction(
+        "POST",
+        lambda w, part: f"/api/v1/cards/{part.id}/revoke?account={team(w)}",
+        None,
+        MANAGERS,
+        200,
+        "cards.revoke",
+    ),
+    "topup": MoneyAction(
+        "POST",
+        lambda w, part: f"/api/v1/wallet/topups?account={team(w)}",
+        lambda w: {"amount_micros": 5_000_000},
+        MANAGERS,
+        201,
+        "wallet.topup_create",
+    ),
+    "cap": MoneyAction(
+        "PUT",
+        lambda w, part: f"/api/v1/teams/{w.team.slug}/members/{w.bob.pk}/cap",
+        lambda w: CAP,
+        MANAGERS,
+        200,
+        "quota.set",
+    ),
+    "redeem": MoneyAction(
+        "POST",
+        lambda w, part: f"/api/v1/cards/redeem?account={team(w)}",
+        lambda w: {"code": w.spare_code},
+        MEMBERS,
+        201,
+        "cards.redeem",
+    ),
+    "launch": MoneyAction(
+        "POST",
+        lambda w, part: "/api/v1/sessions",
+        lambda w: {**LAUNCH, "account": team(w)},
+        MEMBERS,
+        201,
+        None,
+    ),
+    "wallet": MoneyAction(
+        "GET", lambda w, part: f"/api/v1/wallet?account={team(w)}", None, MEMBERS, 200, None
+    ),
+}
+
+
+@pytest.fixture
+def team_world(world, localstripe_url, settings):  # noqa: F811  (the imported fixture)
+    """The world, with carol as an admin of alice's team, a part of the team's card not yet redeemed
+    (for revoke) and Stripe answering (the local fake) for top-ups."""
+    settings.STRIPE_SECRET_KEY = "sk_test_x"
+    settings.STRIPE_API_BASE = localstripe_url
+    world.carol = make_user("carol")
+    Membership.objects.create(team=world.team, user=world.carol, role=Membership.Role.ADMIN)
+    ((part, _code),) = card_split(
+        card_id=world.team_card.id, account=world.team.account, parts=[HOUR], actor=world.alice
+    )
+    yield world, part
+    stripe.api_base = "https://api.stripe.com"
+
+
+@pytest.mark.parametrize("role", ROLES)
+@pytest.mark.parametrize("action", list(MONEY_ACTIONS))
+def test_team_money_follows_team_roles(team_world, action, role):
+    world, part = team_world
+    rule = MONEY_ACTIONS[action]
+    caller = getattr(world, CALLER[role])
+    client = _client(world, CALLER[role], "session")
+    before = state_of_the_world()
+    audits = AuditEntry.objects.count()
+    body = rule.body(world) if rule.body else None
+    method = getattr(client, rule.method.lower())
+    url = rule.url(world, part)
+    response = method(url, body, format="json") if body is not None else method(url)
+
+    if role in rule.allowed:
+        assert response.status_code == rule.status, response.content[:500]
+        if rule.audit:
+            entry = AuditEntry.objects.order_by("-id").first()
+            assert AuditEntry.objects.count() > audits
+            assert (entry.action, entry.actor_id) == (rule.audit, caller.pk), (entry.action, entry.actor_id)
+        return
+    expected = 404 if role == "stranger" else 403
+    assert response.status_code == expected, response.content[:500]
+    error = response.json()["error"]
+    assert set(error) == {"code", "message", "fields"} and error["message"]
+    if expected == 403:
+        assert error["code"] == "team_role_required", error
+    assert state_of_the_world() == before
+
+
+def test_a_team_role_refusal_is_translated(team_world):
+    world, _part = team_world
+    world.bob.language = "zh-hans"
+    world.bob.save(update_fields=["language"])
+    client = _client(world, "bob", "session")
+    response = client.post(f"/api/v1/cards/{world.team_card.id}/gift?account={team(world)}")
+    assert response.status_code == 403
+    message = response.json()["error"]["message"]
+    assert "只有团队" in message, message
