@@ -209,7 +209,7 @@ def test_invite_code_to_a_notebook_on_a_quarter_gpu_and_back(browser, stack, off
     with page.expect_navigation():  # remembered on the user: every page follows
         page.select_option("#language-switch", "zh-hans")
     page.goto(f"/sessions/{session_id}/")
-    assert "已停止" in page.content() and "对工作负载实际施加的限制" in page.content()
+    assert "已停止" in page.content() and "工作负载的限制" in page.content()
     _shoot(page, artifacts_dir, "session-zh")
     page.goto("/dashboard/")
     _shoot(page, artifacts_dir, "dashboard-zh")
