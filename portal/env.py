@@ -80,6 +80,7 @@ def env(name: str, default: T, parse: Callable[[str], T] | None = None, *, choic
 
 database_url = _parse_url(("postgres", "postgresql"))
 redis_url = _parse_url(("redis", "rediss", "unix", "redis+socket"))
+sso_issuer_url = _parse_url(("https", "http"))
 email_url = _parse_url(
     ("console", "smtp", "smtps", "locmem", "dummy"), serverless=("console", "locmem", "dummy")
 )

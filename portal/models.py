@@ -18,6 +18,13 @@ class User(AbstractUser):
         _("language"), max_length=10, choices=settings.LANGUAGES, default=settings.LANGUAGE_CODE
     )
     time_zone = models.CharField(_("time zone"), max_length=64, default=settings.TIME_ZONE)
+    sso_subject = models.CharField(
+        max_length=400,
+        null=True,
+        blank=True,
+        unique=True,
+        help_text="The single sign-on identity (issuer#sub) this user signs in as; empty for local users.",
+    )
 
     def __str__(self) -> str:
         return self.username

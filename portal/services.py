@@ -64,6 +64,48 @@ def user_create(
     return user
 
 
+def user_create_sso(*, subject: str, username: str, email: str, language: str = "en") -> User:
+    """Create the user a single sign-on identity (``subject``: issuer#sub) signs in as, with no local
+    password; the ``post_save`` receiver gives them their account. The provider's username is kept
+    when free, else the first free ``name-2``, ``name-3``…; a local user is never taken over. Raises
+    ValidationFailed for an empty username."""
+    user_model = get_user_model()
+    base = username.strip()[:140]
+    if not base:
+        raise ValidationFailed(_("The sign-in provider gave no username."), code="sso_no_username")
+    with transaction.atomic():
+        candidate, n = base, 1
+        while user_model.objects.filter(username__iexact=candidate).exists():
+            n += 1
+            candidate = f"{base}-{n}"
+        user = user_model(username=candidate, email=email, sso_subject=subject, language=language)
+        user.set_unusable_password()
+        user.save()
+    return user
+
+
+def team_join_by_claim(*, user: User, slugs: list[str]) -> list[Membership]:
+    """Make ``user`` a member of each existing team whose slug the sign-in provider named (a course
+    group claim, ``OIDC_TEAM_CLAIM``). Never creates a team and never changes a role the user already
+    has; each join leaves an audit row. Returns the memberships made."""
+    made = []
+    with transaction.atomic():
+        for team in Team.objects.filter(slug__in=[s.strip().lower() for s in slugs if s.strip()]):
+            membership, created = Membership.objects.get_or_create(
+                team=team, user=user, defaults={"role": Membership.Role.MEMBER}
+            )
+            if created:
+                made.append(membership)
+                audit_record(
+                    actor=user,
+                    action="team.member_join_sso",
+                    target=team,
+                    after={"role": membership.role},
+                    reason=user.username,
+                )
+    return made
+
+
 def user_account_ensure(*, user: User) -> Account:
     """Give ``user`` their own paying account unless they have one; return it.
 

@@ -15,7 +15,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from django.utils.translation import gettext_lazy as _
 
 from portal import embedded
-from portal.env import ConfigError, database_url, email_url, env, redis_url
+from portal.env import ConfigError, database_url, email_url, env, redis_url, sso_issuer_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DEFAULT_SECRET_KEY = "dev-insecure-change-me"  # production refuses to start with it
@@ -105,6 +105,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
+    "mozilla_django_oidc",
     "billing",
     "provisioner",
     "portal",
@@ -159,6 +160,36 @@ except ConfigError as exc:
     _fail(str(exc))
 if SIGNUP_RATE_PER_HOUR < 1 or SIGNUP_VERIFY_DAYS < 1:
     _fail("SIGNUP_RATE_PER_HOUR and SIGNUP_VERIFY_DAYS must be at least 1.")
+
+# --- single sign-on with OpenID Connect (portal/oidc.py, mozilla-django-oidc) ---
+try:
+    OIDC_ISSUER = env("OIDC_ISSUER", "", sso_issuer_url).rstrip("/")  # empty: SSO off
+    OIDC_RP_CLIENT_ID = env("OIDC_CLIENT_ID", "")
+    OIDC_RP_CLIENT_SECRET = env("OIDC_CLIENT_SECRET", "")
+    OIDC_RP_SCOPES = env("OIDC_SCOPES", "openid email profile")
+    OIDC_RP_SIGN_ALGO = env("OIDC_SIGN_ALGO", "RS256", choices=("RS256", "RS384", "RS512", "ES256", "ES384"))
+    OIDC_USERNAME_CLAIM = env("OIDC_USERNAME_CLAIM", "preferred_username")
+    OIDC_EMAIL_CLAIM = env("OIDC_EMAIL_CLAIM", "email")
+    OIDC_ALLOWED_EMAIL_DOMAINS = [
+        d.lower().lstrip("@") for d in env("OIDC_ALLOWED_EMAIL_DOMAINS", list[str]())
+    ]
+    OIDC_TEAM_CLAIM = env("OIDC_TEAM_CLAIM", "")  # e.g. "groups": join the teams whose slugs it names
+    OIDC_PROVIDER_NAME = env("OIDC_PROVIDER_NAME", "")  # the login button's "Sign in with …"
+    LOCAL_PASSWORDS = env("LOCAL_PASSWORDS", True)
+except ConfigError as exc:
+    _fail(str(exc))
+if OIDC_ISSUER and not (OIDC_RP_CLIENT_ID and OIDC_RP_CLIENT_SECRET):
+    _fail("OIDC_ISSUER is set: set OIDC_CLIENT_ID and OIDC_CLIENT_SECRET too.")
+if not LOCAL_PASSWORDS and not OIDC_ISSUER:
+    _fail("LOCAL_PASSWORDS=0 turns off the only way to log in: set OIDC_ISSUER as well.")
+AUTHENTICATION_BACKENDS = [
+    *(["portal.oidc.SsoBackend"] if OIDC_ISSUER else []),
+    *(["django.contrib.auth.backends.ModelBackend"] if LOCAL_PASSWORDS else []),
+]
+OIDC_AUTHENTICATE_CLASS = "portal.oidc.SsoAuthenticateView"
+OIDC_CALLBACK_CLASS = "portal.oidc.SsoCallbackView"
+OIDC_USE_PKCE = True
+OIDC_TIMEOUT = 10
 LOGOUT_REDIRECT_URL = "home"
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

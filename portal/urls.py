@@ -13,6 +13,7 @@ urlpatterns = [
     path("signup/verify/<str:token>/", views.signup_verify, name="signup_verify"),
     path("login/", views.ThrottledLoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("oidc/", include("mozilla_django_oidc.urls")),
     path("password/reset/", auth_views.PasswordResetView.as_view(), name="password_reset"),
     path("password/reset/sent/", auth_views.PasswordResetDoneView.as_view(), name="password_reset_done"),
     path(

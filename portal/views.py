@@ -35,6 +35,8 @@ def home(request: HttpRequest) -> HttpResponse:
 def signup(request: HttpRequest) -> HttpResponse:
     if request.user.is_authenticated:
         return redirect("dashboard")
+    if not settings.LOCAL_PASSWORDS:  # accounts come from single sign-on only
+        return redirect("login")
     form = SignupForm(request.POST or None, initial={"invite_code": request.GET.get("code", "")})
     if request.method == "POST":
         ip = request.META.get("REMOTE_ADDR", "")
@@ -290,6 +292,11 @@ class ThrottledLoginView(LoginView):
     redirect_authenticated_user = True
 
     def post(self, request, *args, **kwargs):
+        if not settings.LOCAL_PASSWORDS:
+            form = self.get_form()
+            form.errors.clear()
+            form.add_error(None, _("Passwords are turned off here: sign in with single sign-on."))
+            return self.render_to_response(self.get_context_data(form=form), status=403)
         keys = _login_failure_keys(request)
         counts = cache.get_many(keys)
         if max(counts.values(), default=0) >= LOGIN_FAILURES_ALLOWED:
