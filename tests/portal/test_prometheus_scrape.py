@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 import subprocess
 import time
@@ -9,10 +11,13 @@ import time
 import httpx
 import pytest
 import yaml
+from django.test import Client
+from prometheus_client.parser import text_string_to_metric_families
 
+from agents.prometheus import exposition
 from provisioner.models import Session
 from tests.agents import conftest as agent_fixtures
-from tests.agents.conftest import NODE_TOKEN, workload_spec
+from tests.agents.conftest import NODE_TOKEN, REPO, workload_spec
 from tests.provisioner.factories import catalog_make, node_make, profiles_ensure, session_row, user_make
 from tests.stack import free_port
 
@@ -103,3 +108,25 @@ def test_prometheus_scrapes_portal_and_agent_and_promql_counts_running_sessions(
         server.terminate()
         server.wait(10)
         log.close()
+
+
+@pytest.mark.django_db
+def test_the_docs_dashboard_and_scrape_config_name_only_what_is_exported():
+    exported = {f.name for f in text_string_to_metric_families(Client().get("/metrics").content.decode())}
+    agent_text = exposition(inventory={"gpus": []}, metrics={"gpus": []}, workloads=[], hostname="h").decode()
+    exported |= {f.name for f in text_string_to_metric_families(agent_text)}
+    dashboard = json.loads((REPO / "docs" / "grafana-dashboard.json").read_text())
+    named = {
+        name for panel in dashboard["panels"] for target in panel["targets"]
+        for name in re.findall(r"\b(?:DCGM_FI_\w+|suanli_\w+)", target["expr"])
+    }  # fmt: skip
+    assert named and named <= exported, named - exported
+    config = yaml.safe_load((REPO / "docs" / "prometheus.yml").read_text())
+    assert {job["metrics_path"] for job in config["scrape_configs"]} == {"/metrics"}
+    if PROMETHEUS:
+        check = subprocess.run(
+            ["promtool", "check", "config", "--syntax-only", str(REPO / "docs" / "prometheus.yml")],
+            capture_output=True,
+            text=True,
+        )
+        assert check.returncode == 0, check.stdout + check.stderr
