@@ -11,18 +11,33 @@ import hmac
 from datetime import timedelta
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db.models import Count, Min, Sum
 from django.db.models.functions import Now
 from django.http import HttpRequest, HttpResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from prometheus_client.core import CollectorRegistry, GaugeMetricFamily
+from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily
 
 from billing.models import Transfer
 from billing.selectors import ledger_health
 from billing.services.metering import db_now
+from billing.tasks import METERING_TICK_SECONDS_KEY
 from provisioner.models import Node, Session
 
 MICROS = 1_000_000
+TASK_FAILURES_KEY = "metrics:celery_task_failures"  # a Redis hash would be neater; the cache keeps one dict
+
+
+def task_failure_count(sender=None, **_kwargs) -> None:
+    """Celery's ``task_failure`` signal: count the failure in the shared cache (every worker adds to
+    the same figure). A lost update under two simultaneous failures is possible and harmless."""
+    name = getattr(sender, "name", None) or "unknown"
+    key = f"{TASK_FAILURES_KEY}:{name}"
+    cache.add(key, 0, timeout=None)
+    cache.incr(key)
+    names = cache.get(TASK_FAILURES_KEY) or []
+    if name not in names:
+        cache.set(TASK_FAILURES_KEY, sorted({*names, name}), timeout=None)
 
 
 class _DatabaseCollector:
@@ -43,6 +58,24 @@ class _DatabaseCollector:
         )
         yield from _fleet_families()
         yield from _money_families()
+        yield from _worker_families()
+
+
+def _worker_families():
+    tick = cache.get(METERING_TICK_SECONDS_KEY)
+    yield GaugeMetricFamily(
+        "suanli_metering_tick_seconds",
+        "How long the last metering tick took",
+        value=tick if tick is not None else float("nan"),
+    )
+    failures = CounterMetricFamily(
+        "suanli_celery_task_failures", "Celery tasks that raised, by task", labels=["task"]
+    )
+    names = cache.get(TASK_FAILURES_KEY) or []
+    counts = cache.get_many([f"{TASK_FAILURES_KEY}:{name}" for name in names])
+    for name in names:
+        failures.add_metric([name], counts.get(f"{TASK_FAILURES_KEY}:{name}", 0))
+    yield failures
 
 
 def _fleet_families():

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import math
 from datetime import timedelta
 
 import pytest
+from celery import shared_task
+from django.core.cache import cache
 from django.test import Client
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
+from billing.tasks import METERING_TICK_SECONDS_KEY, metering_tick_task
+from portal.metrics import TASK_FAILURES_KEY
 from provisioner.models import Session
 from tests.provisioner.factories import catalog_make, node_make, profiles_ensure, session_row, user_make
 
@@ -45,3 +50,27 @@ def test_running_sessions_queue_and_heartbeats_come_from_the_database():
     assert 89 <= oldest.value < 150
     (age,) = samples["suanli_node_heartbeat_age_seconds"]
     assert age.labels["node"] == "gpu-host-1" and 29 <= age.value < 90
+
+
+@shared_task(name="tests.portal.test_metrics.always_fails")
+def always_fails() -> None:
+    raise RuntimeError("this task fails on purpose")
+
+
+def test_metering_tick_duration_and_celery_failures_are_shared_through_the_cache():
+    cache.delete_many(
+        [METERING_TICK_SECONDS_KEY, TASK_FAILURES_KEY, f"{TASK_FAILURES_KEY}:{always_fails.name}"]
+    )
+    (before,) = _scrape()["suanli_metering_tick_seconds"]
+    assert math.isnan(before.value)  # no tick yet
+    metering_tick_task.apply()
+    (tick,) = _scrape()["suanli_metering_tick_seconds"]
+    assert 0 < tick.value < 30
+    for _ in range(2):
+        assert always_fails.apply().failed()
+    failures = {
+        s.labels["task"]: s.value
+        for s in _scrape()["suanli_celery_task_failures"]
+        if s.name.endswith("_total")
+    }
+    assert failures == {"tests.portal.test_metrics.always_fails": 2}
