@@ -12,6 +12,8 @@ from django.test import Client
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
+from billing.models import LedgerAccount, Transfer
+from billing.services.ledger import system_account, transfer_post, wallet_for
 from billing.tasks import METERING_TICK_SECONDS_KEY, metering_tick_task
 from portal.metrics import TASK_FAILURES_KEY
 from provisioner.models import Session
@@ -74,3 +76,18 @@ def test_metering_tick_duration_and_celery_failures_are_shared_through_the_cache
         if s.name.endswith("_total")
     }
     assert failures == {"tests.portal.test_metrics.always_fails": 2}
+
+
+def test_revenue_per_minute_is_the_usage_posted_in_the_last_minute_in_currency_units():
+    user = user_make()
+    wallet = wallet_for(account=user.account)
+    revenue = system_account(kind=LedgerAccount.Kind.REVENUE, unit=wallet.unit)
+    for i, micros in enumerate((1_500_000, 250_000)):
+        transfer_post(
+            debit=wallet, credit=revenue, amount_micros=micros, kind=Transfer.Kind.USAGE,
+            idempotency_key=f"metrics-usage-{i}",
+        )  # fmt: skip
+        wallet.refresh_from_db()
+    # the user was funded by a transfer of another kind, which is not revenue
+    revenue_samples = {s.labels["unit"]: s.value for s in _scrape()["suanli_revenue_last_minute"]}
+    assert revenue_samples == {wallet.unit: 1.75}
