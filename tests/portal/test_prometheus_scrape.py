@@ -37,7 +37,7 @@ def _wait_for_value(url: str, promql: str, timeout: float = 60.0) -> float:
     while time.monotonic() < deadline:
         try:
             result = _query(url, promql)
-        except httpx.ConnectError:  # still starting
+        except httpx.HTTPError:  # still starting
             result = []
         if result:
             return float(result[0]["value"][1])
