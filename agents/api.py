@@ -14,7 +14,7 @@ import re
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from agents import __version__, gateway
+from agents import __version__, gateway, prometheus
 from agents.gpuplan import PlanError
 from agents.spec import SpecError, parse_spec
 from agents.workloads import WorkloadConflict, Workloads, WorkloadStartFailed
@@ -279,6 +279,9 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path.startswith(GATEWAY_PREFIX):
             self._gateway(method)
             return
+        if self.path.split("?", 1)[0] == "/metrics":  # Prometheus's text format: agents/prometheus.py
+            self._send_metrics(*prometheus.answer(self.api, method, self.headers.get("Authorization")))
+            return
         try:
             length = int(self.headers.get("Content-Length") or 0)
             if length > MAX_BODY_BYTES:
@@ -298,6 +301,14 @@ class _Handler(BaseHTTPRequestHandler):
             log.exception("%s %s failed", method, self.path)
             status, payload = 500, {"error": {"code": "internal", "message": "internal error", "fields": {}}}
         self._answer(status, payload)
+
+    def _send_metrics(self, status: int, content_type: str, data: bytes) -> None:
+        self.close_connection = self.command != "GET"  # a body it did not read is not a next request
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
     def do_GET(self) -> None:  # noqa: N802
         self._handle("GET")
