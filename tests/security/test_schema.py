@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import schemathesis
+from django.contrib.auth import get_user_model
 from django.core.cache import cache
 from django.core.signals import request_finished, request_started
 from django.core.wsgi import get_wsgi_application
@@ -23,7 +24,7 @@ from schemathesis.specs.openapi.checks import response_schema_conformance, statu
 from billing.services.cards import card_batch_issue, card_redeem
 from portal.models import Membership
 from portal.services import access_token_create, team_create, team_invite_create
-from tests.provisioner.conftest import A100, make_catalog, make_node, make_user
+from tests.provisioner.conftest import A100, fund, make_catalog, make_node, make_user
 
 APP = get_wsgi_application()
 CONFIG = schemathesis.Config.from_dict(
@@ -57,7 +58,10 @@ def token_headers(db, in_process_requests, settings):
     cache.clear()
     make_catalog()
     make_node()
-    user = make_user("fuzz")
+    # Made as createsuperuser and the admin make users, not by signup: it must still have an account.
+    user = get_user_model().objects.create_user("fuzz", "fuzz@example.com", "a-long-pass-phrase-9")
+    user.refresh_from_db()
+    fund(user.account, 100_000_000)
     _batch, (code,) = card_batch_issue(hours_micros=6_000_000, count=1, valid_days=30)
     card_redeem(user=user, account=user.account, code=code)
     _token, raw = access_token_create(user=user, name="fuzz", scopes=["read", "sessions", "cards", "billing"])
