@@ -1,6 +1,6 @@
 """Writes of sign-up: the per-address throttle, the optional invite-code-only mode, the optional email
-confirmation. Beside ``portal/services.py`` (which it calls for the user itself) to keep that module
-under the size where the style guide splits one.
+confirmation and the resending of its link. Beside ``portal/services.py`` (which it calls for the user
+itself) to keep that module under the size where the style guide splits one.
 
 Settings: ``SIGNUP_RATE_PER_HOUR``, ``SIGNUP_INVITE_REQUIRED``, ``SIGNUP_EMAIL_VERIFICATION``,
 ``SIGNUP_VERIFY_DAYS`` (README, configuration).
@@ -17,9 +17,10 @@ from django.core.cache import cache
 from django.core.mail import send_mail
 from django.db import transaction
 from django.urls import reverse
+from django.utils import translation
 from django.utils.translation import gettext as _
 
-from billing.errors import ApplicationError, Conflict, RateLimited, ValidationFailed
+from billing.errors import ApplicationError, Conflict, NotFound, RateLimited, ValidationFailed
 from billing.models import Card
 from billing.services.cards import card_redeem
 from portal.models import User
@@ -29,30 +30,35 @@ log = logging.getLogger(__name__)
 
 VERIFY_SALT = "portal.signup.verify"
 RATE_WINDOW_SECONDS = 3600
+RESEND_PER_HOUR = 3  # confirmation emails resent to one user an hour
+
+
+def _attempt_count(key: str) -> int | None:
+    """Count one attempt under ``key`` in the cache, in a fixed window of an hour (add then incr, so
+    concurrent attempts all count); the count so far, or None when the cache cannot be reached."""
+    try:
+        cache.add(key, 0, timeout=RATE_WINDOW_SECONDS)
+        try:
+            return cache.incr(key)
+        except ValueError:  # the window expired between add and incr
+            cache.set(key, 1, timeout=RATE_WINDOW_SECONDS)
+            return 1
+    except Exception:  # any failure of the cache backend (redis-py's errors, a timeout): fail open
+        log.warning("sign-up throttle skipped: the cache is unreachable (%s)", key, exc_info=True)
+        return None
 
 
 def signup_rate_check(*, ip: str) -> None:
-    """Count one sign-up attempt from ``ip`` in the cache (a fixed window of an hour, add then incr, so
-    concurrent attempts from one address all count) and raise RateLimited ``signup_rate_limited`` past
-    ``SIGNUP_RATE_PER_HOUR``.
+    """Count one sign-up attempt from ``ip`` and raise RateLimited ``signup_rate_limited`` past
+    ``SIGNUP_RATE_PER_HOUR`` an hour.
 
     Fails open: when the cache cannot be reached the attempt goes through and a warning is logged. The
     throttle slows down scripted sign-ups; it must not lock every student out while Redis restarts.
     """
     if not ip:
         return
-    key = f"signup:ip:{ip}"
-    try:
-        cache.add(key, 0, timeout=RATE_WINDOW_SECONDS)
-        try:
-            attempts = cache.incr(key)
-        except ValueError:  # the window expired between add and incr
-            cache.set(key, 1, timeout=RATE_WINDOW_SECONDS)
-            attempts = 1
-    except Exception:  # any failure of the cache backend (redis-py's errors, a timeout): fail open
-        log.warning("sign-up throttle skipped: the cache is unreachable (address %s)", ip, exc_info=True)
-        return
-    if attempts > settings.SIGNUP_RATE_PER_HOUR:
+    attempts = _attempt_count(f"signup:ip:{ip}")
+    if attempts is not None and attempts > settings.SIGNUP_RATE_PER_HOUR:
         raise RateLimited(
             _("Too many sign-ups from your network. Try again in an hour."), code="signup_rate_limited"
         )
@@ -106,21 +112,71 @@ def user_signup(
                     raise type(exc)(exc.message, code=exc.code, fields={"invite_code": exc.message}) from exc
                 code_error = exc.message
         if verify:
-            link = settings.SITE_URL.rstrip("/") + reverse("signup_verify", args=[_verify_token(user)])
-            message = _(
-                "Welcome to Suanli, %(name)s.\n\nOpen this link to confirm your email and finish signing up "
-                "(it works for %(days)s days):\n%(link)s\n"
-            ) % {"name": user.username, "days": settings.SIGNUP_VERIFY_DAYS, "link": link}
-            subject = _("Confirm your email for Suanli")
-            address = user.email
-            transaction.on_commit(
-                lambda: send_mail(subject=subject, message=message, from_email=None, recipient_list=[address])
-            )
+            _verification_email_send(user)
     return Signup(user=user, card=card, code_error=code_error, verification_sent=verify)
 
 
 def _verify_token(user: User) -> str:
     return signing.dumps({"user": user.pk, "email": user.email}, salt=VERIFY_SALT)
+
+
+def _verification_email_send(user: User) -> None:
+    """Queue the confirmation email with a fresh link, in the user's language, for after commit."""
+    link = settings.SITE_URL.rstrip("/") + reverse("signup_verify", args=[_verify_token(user)])
+    with translation.override(user.language):
+        message = _(
+            "Welcome to Suanli, %(name)s.\n\nOpen this link to confirm your email and finish signing up "
+            "(it works for %(days)s days):\n%(link)s\n"
+        ) % {"name": user.username, "days": settings.SIGNUP_VERIFY_DAYS, "link": link}
+        subject = _("Confirm your email for Suanli")
+    address = user.email
+    transaction.on_commit(
+        lambda: send_mail(subject=subject, message=message, from_email=None, recipient_list=[address])
+    )
+
+
+def _pending_verification(users):
+    """The users still waiting on their confirmation link: inactive, never logged in, with an email."""
+    return users.filter(is_active=False, last_login__isnull=True).exclude(email="")
+
+
+def user_awaiting_verification(*, username: str, password: str) -> User | None:
+    """The user whose confirmation is pending and whose password this is, so the login page can say
+    why it does not let them in (Django's backend refuses every inactive user alike); None otherwise,
+    and always None without ``SIGNUP_EMAIL_VERIFICATION``."""
+    if not settings.SIGNUP_EMAIL_VERIFICATION or not username or not password:
+        return None
+    user = _pending_verification(User.objects.filter(username__iexact=username.strip())).first()
+    if user is None or not user.check_password(password):
+        return None
+    return user
+
+
+def user_verification_resend(*, user_id: int, ip: str = "") -> User:
+    """Send the user whose confirmation is pending a fresh confirmation email (after commit), in their
+    language. At most ``RESEND_PER_HOUR`` an hour for one user and ``SIGNUP_RATE_PER_HOUR`` from one
+    address (the sign-up throttle's window, failing open likewise). Raises Conflict
+    ``already_verified``, NotFound ``verification_not_pending``, RateLimited
+    ``verification_resend_rate_limited``."""
+    user = User.objects.filter(pk=user_id).first()
+    if user is not None and user.is_active:
+        raise Conflict(_("Your email is already confirmed: log in."), code="already_verified")
+    if user is None or user.last_login is not None or not user.email:
+        raise NotFound(
+            _("There is no sign-up waiting for confirmation here."), code="verification_not_pending"
+        )
+    limits = {f"signup:resend:user:{user.pk}": RESEND_PER_HOUR}
+    if ip:
+        limits[f"signup:resend:ip:{ip}"] = settings.SIGNUP_RATE_PER_HOUR
+    for key, limit in limits.items():
+        attempts = _attempt_count(key)
+        if attempts is not None and attempts > limit:
+            raise RateLimited(
+                _("We have sent several emails already. Wait an hour before asking for another."),
+                code="verification_resend_rate_limited",
+            )
+    _verification_email_send(user)
+    return user
 
 
 def user_email_verify(*, token: str) -> User:
@@ -129,7 +185,11 @@ def user_email_verify(*, token: str) -> User:
     undone by an old link). A conditional update, so two clicks activate once. Raises ValidationFailed
     ``verification_invalid``, Conflict ``already_verified``."""
     invalid = ValidationFailed(
-        _("This confirmation link is not valid or has expired. Sign up again."), code="verification_invalid"
+        _(
+            "This confirmation link is not valid or has expired. Log in with your username and password "
+            "to have a new one sent."
+        ),
+        code="verification_invalid",
     )
     try:
         data = signing.loads(token, salt=VERIFY_SALT, max_age=settings.SIGNUP_VERIFY_DAYS * 86400)

@@ -66,9 +66,15 @@ def signup(request: HttpRequest) -> HttpResponse:
     return render(request, "registration/signup.html", {"form": form})
 
 
+# The user whose confirmation this browser may ask to resend: the one who just signed up in it, or who
+# gave their password on the login page before confirming.
+PENDING_USER_KEY = "signup_pending_user"
+
+
 def _signed_up(request: HttpRequest, done: signup_services.Signup) -> HttpResponse:
     if done.verification_sent:
-        return render(request, "registration/signup_verify_sent.html", {"email": done.user.email})
+        request.session[PENDING_USER_KEY] = done.user.pk
+        return _pending_page(request, done.user)
     login(request, done.user, backend="django.contrib.auth.backends.ModelBackend")
     messages.success(request, _("Welcome to Suanli, %(name)s.") % {"name": done.user.username})
     if done.code_error:
@@ -82,13 +88,52 @@ def _signed_up(request: HttpRequest, done: signup_services.Signup) -> HttpRespon
     return redirect("dashboard")
 
 
+def _pending_page(request: HttpRequest, user: User, *, error: str = "", status: int = 200) -> HttpResponse:
+    context = {"email": user.email, "error": error}
+    return render(request, "registration/signup_verify_sent.html", context, status=status)
+
+
+def _pending_user(request: HttpRequest) -> User | None:
+    user_id = request.session.get(PENDING_USER_KEY)
+    user = User.objects.filter(pk=user_id).first() if user_id else None
+    if user is None or user.is_active:
+        request.session.pop(PENDING_USER_KEY, None)
+        return None
+    return user
+
+
+@never_cache
+def signup_pending(request: HttpRequest) -> HttpResponse:
+    """Says the email is not confirmed yet and offers to resend the link; only to the browser that
+    signed the user up or gave their password (the session says which user)."""
+    user = _pending_user(request)
+    if user is None:
+        return redirect("login")
+    return _pending_page(request, user)
+
+
+@require_POST
+def signup_resend(request: HttpRequest) -> HttpResponse:
+    """Sends a fresh confirmation email (throttled, CSRF-protected like every form) and says so."""
+    user = _pending_user(request)
+    if user is None:
+        return redirect("login")
+    try:
+        signup_services.user_verification_resend(user_id=user.pk, ip=request.META.get("REMOTE_ADDR", ""))
+    except ApplicationError as exc:
+        return _pending_page(request, user, error=exc.message, status=exc.status)
+    messages.success(request, _("We sent a new confirmation link to %(email)s.") % {"email": user.email})
+    return redirect("signup_pending")
+
+
 def signup_verify(request: HttpRequest, token: str) -> HttpResponse:
     """The link of the confirmation email: activates the user and logs them in."""
     try:
         user = signup_services.user_email_verify(token=token)
     except ApplicationError as exc:
         messages.error(request, exc.message)
-        return redirect("login" if exc.status == 409 else "signup")
+        return redirect("login")
+    request.session.pop(PENDING_USER_KEY, None)
     login(request, user, backend="django.contrib.auth.backends.ModelBackend")
     messages.success(
         request, _("Your email is confirmed. Welcome to Suanli, %(name)s.") % {"name": user.username}
@@ -309,6 +354,13 @@ class ThrottledLoginView(LoginView):
         return super().post(request, *args, **kwargs)
 
     def form_invalid(self, form):
+        pending = signup_services.user_awaiting_verification(
+            username=self.request.POST.get("username", ""), password=self.request.POST.get("password", "")
+        )
+        if pending is not None:  # the right password, but the email is not confirmed: not a failure
+            self.request.session[PENDING_USER_KEY] = pending.pk
+            messages.info(self.request, _("Your email is not confirmed yet."))
+            return redirect("signup_pending")
         for key in _login_failure_keys(self.request):
             cache.add(key, 0, LOGIN_LOCKOUT_SECONDS)
             cache.incr(key)

@@ -7,13 +7,8 @@ claim and ``LOCAL_PASSWORDS=0`` hold."""
 from __future__ import annotations
 
 import html
-import json
-import os
 import re
-import shutil
 import socket
-import subprocess
-from pathlib import Path
 
 import httpx
 import pytest
@@ -26,55 +21,20 @@ from billing.services.cards import card_batch_issue
 from portal import oidc
 from portal.models import Membership, User
 from portal.services import team_create, user_create
+from tests.oidc import CLIENT_ID, CLIENT_SECRET, INSTALLED, NOT_INSTALLED, SCOPES, oidc_provider
 
 pytestmark = pytest.mark.django_db
 
-PROVIDER = Path(__file__).resolve().parents[1] / "oidc"
 CALLBACK = "http://testserver/oidc/callback/"
-CLIENT_ID, CLIENT_SECRET = "suanli-portal", "a-client-secret-for-tests"
-ACCOUNTS = {
-    "mei": {
-        "email": "mei@uni.example.edu",
-        "email_verified": True,
-        "preferred_username": "mei",
-        "groups": ["cs101"],
-    },
-    "lin": {"email": "lin@elsewhere.example.com", "email_verified": True, "preferred_username": "lin"},
-    "chen": {"email": "chen@uni.example.edu", "email_verified": True, "preferred_username": "chen"},
-}
 
-if not shutil.which("node") or not (PROVIDER / "node_modules" / "oidc-provider").is_dir():
-    pytest.skip(
-        "no OIDC provider here: install it with `npm ci --prefix tests/oidc` (.ci/run does)",
-        allow_module_level=True,
-    )
+if not INSTALLED:
+    pytest.skip(NOT_INSTALLED, allow_module_level=True)
 
 
 @pytest.fixture(scope="module")
 def provider_issuer():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = {
-        **os.environ,
-        "PORT": str(port),
-        "CLIENT_ID": CLIENT_ID,
-        "CLIENT_SECRET": CLIENT_SECRET,
-        "REDIRECT_URI": CALLBACK,
-        "ACCOUNTS": json.dumps(ACCOUNTS),
-    }
-    process = subprocess.Popen(
-        ["node", str(PROVIDER / "provider.mjs")],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    line = process.stdout.readline()
-    assert line.startswith("ready "), line
-    yield line.split()[1]
-    process.terminate()
-    process.wait(timeout=10)
+    with oidc_provider(redirect_uris=[CALLBACK]) as issuer:
+        yield issuer
 
 
 @pytest.fixture
@@ -83,7 +43,7 @@ def sso(settings, provider_issuer):
     settings.OIDC_ISSUER = provider_issuer
     settings.OIDC_RP_CLIENT_ID = CLIENT_ID
     settings.OIDC_RP_CLIENT_SECRET = CLIENT_SECRET
-    settings.OIDC_RP_SCOPES = "openid email profile groups"
+    settings.OIDC_RP_SCOPES = SCOPES
     settings.OIDC_TEAM_CLAIM = "groups"
     settings.OIDC_PROVIDER_NAME = "Example University"
     settings.AUTHENTICATION_BACKENDS = ["portal.oidc.SsoBackend", "django.contrib.auth.backends.ModelBackend"]

@@ -191,7 +191,8 @@ def test_a_tampered_stale_or_reused_link_activates_nobody(
     user = User.objects.get(username="mei")
 
     tampered = Client().get(link[:-3] + "xx/", follow=True)
-    assert "not valid or has expired" in tampered.content.decode()
+    assert tampered.redirect_chain[-1][0] == reverse("login")
+    assert "not valid or has expired. Log in with your username and password" in tampered.content.decode()
 
     real_time = time.time
     monkeypatch.setattr(signing.time, "time", lambda: real_time() - 4 * 86400)  # signed 4 days ago
@@ -209,3 +210,89 @@ def test_a_tampered_stale_or_reused_link_activates_nobody(
     assert "not valid or has expired" in reused.content.decode()
     user.refresh_from_db()
     assert not user.is_active
+
+
+# --- resending the confirmation ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def sending(settings, django_capture_on_commit_callbacks):
+    """Email confirmation on; ``with sending():`` sends what the block queues, as its commit would."""
+    settings.SIGNUP_EMAIL_VERIFICATION = True
+    return lambda: django_capture_on_commit_callbacks(execute=True)
+
+
+def test_an_unconfirmed_user_who_logs_in_is_told_and_has_a_fresh_link_sent_in_their_language(sending):
+    with sending():
+        _signup(Client(HTTP_ACCEPT_LANGUAGE="zh-hans"), "mei")
+    assert mail.outbox[0].subject == "确认你的算力账户邮箱"
+    browser = Client(HTTP_ACCEPT_LANGUAGE="en")  # another browser, in English
+    login = browser.post(reverse("login"), {"username": "mei", "password": PASSWORD}, follow=True)
+    assert login.redirect_chain[-1][0] == reverse("signup_pending")
+    page = login.content.decode()
+    assert "Your email is not confirmed yet." in page and 'data-testid="verify-resend"' in page
+    assert "mei@example.edu" in page
+
+    with sending():
+        resent = browser.post(reverse("signup_resend"), follow=True)
+    assert resent.redirect_chain[-1][0] == reverse("signup_pending")
+    assert "We sent a new confirmation link to mei@example.edu." in resent.content.decode()
+    _first, fresh = mail.outbox
+    assert fresh.to == ["mei@example.edu"] and fresh.subject == "确认你的算力账户邮箱"
+    assert fresh.body.startswith("欢迎来到算力，mei。")
+
+    assert browser.get(_link(fresh)).status_code == 302
+    assert User.objects.get(username="mei").is_active
+    assert browser.get(reverse("dashboard")).status_code == 200
+    again = Client().post(reverse("login"), {"username": "mei", "password": PASSWORD})
+    assert again.status_code == 302 and again["Location"] != reverse("signup_pending")
+
+
+def test_a_wrong_password_for_an_unconfirmed_user_is_an_ordinary_failed_login(sending):
+    with sending():
+        _signup(Client(), "mei")
+    browser = Client()
+    refused = browser.post(reverse("login"), {"username": "mei", "password": "not-the-password"})
+    assert refused.status_code == 200 and "not confirmed" not in refused.content.decode()
+    assert browser.post(reverse("signup_resend"))["Location"] == reverse("login")
+    assert len(mail.outbox) == 1
+
+
+def test_resending_is_throttled_per_user(sending):
+    client = Client()
+    with sending():
+        _signup(client, "mei")
+        for _ in range(3):
+            assert client.post(reverse("signup_resend")).status_code == 302
+        refused = client.post(reverse("signup_resend"))
+    assert refused.status_code == 429
+    assert "Wait an hour before asking for another" in refused.content.decode()
+    assert len(mail.outbox) == 1 + 3
+
+
+def test_resending_takes_the_forms_csrf_token(sending):
+    client = Client(enforce_csrf_checks=True)
+    page = client.get(reverse("signup"))
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.content.decode()).group(1)
+    body = {"username": "mei", "email": "mei@example.edu", "password": PASSWORD}
+    with sending():
+        sent = client.post(reverse("signup"), body | {"csrfmiddlewaretoken": token})
+        assert 'data-testid="verify-resend"' in sent.content.decode()
+        assert client.post(reverse("signup_resend")).status_code == 403
+    assert len(mail.outbox) == 1
+    form_token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', sent.content.decode()).group(1)
+    with sending():
+        assert client.post(reverse("signup_resend"), {"csrfmiddlewaretoken": form_token}).status_code == 302
+    assert len(mail.outbox) == 2
+
+
+def test_a_confirmed_user_has_nothing_to_resend(sending):
+    client = Client()
+    with sending():
+        _signup(client, "mei")
+    client.get(_link(mail.outbox[0]))
+    Client().get(_link(mail.outbox[0]))  # the link used twice
+    assert client.get(reverse("signup_pending"))["Location"] == reverse("login")
+    with sending():
+        assert client.post(reverse("signup_resend"))["Location"] == reverse("login")
+    assert len(mail.outbox) == 1
