@@ -29,6 +29,7 @@ from agents.sandbox import parse_uid_range
 log = logging.getLogger("agents")
 EXIT_USAGE = 2
 MONITOR_SECONDS = 1.0
+STARTING_MONITOR_SECONDS = 0.1  # while a JupyterLab is starting: report it running as soon as it answers
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -234,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
             interval_seconds=args.heartbeat_seconds,
         )
         heartbeats.start()
-    while not stop.wait(MONITOR_SECONDS):
+    while not stop.wait(STARTING_MONITOR_SECONDS if workloads.starting() else MONITOR_SECONDS):
         try:
             workloads.refresh()
         except Exception:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import json
 import os
 import socket
 import threading
@@ -105,17 +106,61 @@ class UpstreamConnection(http.client.HTTPConnection):
         self.sock.settimeout(self.timeout)
 
 
-def local_get(state: dict, path: str, headers: dict[str, str], timeout: float = 1.0) -> int:
-    """One GET to the workload's JupyterLab; its status (readiness checks)."""
+def local_request(
+    state: dict,
+    method: str,
+    path: str,
+    headers: dict[str, str],
+    body: bytes | None = None,
+    timeout: float = 1.0,
+) -> tuple[int, bytes]:
+    """One request to the workload's JupyterLab; its status and body."""
     connection = UpstreamConnection(state)
     connection.timeout = timeout
     try:
-        connection.request("GET", path, headers={"Host": "localhost", **headers})
+        connection.request(method, path, body=body, headers={"Host": "localhost", **headers})
         response = connection.getresponse()
-        response.read()
-        return response.status
+        return response.status, response.read()
     finally:
         connection.close()
+
+
+def local_get(state: dict, path: str, headers: dict[str, str], timeout: float = 1.0) -> int:
+    """One GET to the workload's JupyterLab; its status (readiness checks)."""
+    return local_request(state, "GET", path, headers, timeout=timeout)[0]
+
+
+# The notebook a session opens on (the portal's "Open JupyterLab" links to lab/tree/<it>).
+WELCOME_NOTEBOOK = "Welcome.ipynb"
+WELCOME_CELLS = [
+    {"cell_type": "markdown", "metadata": {}, "source": (
+        "# Your GPU session · 你的 GPU 会话\n\n"
+        "The kernel below is already running. Files in this folder are your home.\n\n"
+        "下面的内核已经启动。此文件夹中的文件就是你的主目录。"
+    )},
+    {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [], "source": (
+        "import os\n\nprint('GPU', os.environ.get('CUDA_VISIBLE_DEVICES'))"
+    )},
+]  # fmt: skip
+
+
+def warm_up(state: dict, base_url: str, token: str, timeout: float = 10.0) -> bool:
+    """Have a kernel running for the welcome notebook before the user opens JupyterLab: it starts
+    while the page loads instead of after. The notebook is made (by Jupyter, as the workload's user)
+    only if the home has none. Returns whether the kernel session was created."""
+    headers = {"Authorization": f"token {token}", "Content-Type": "application/json"}
+    contents = f"{base_url}api/contents/{WELCOME_NOTEBOOK}"
+    if local_request(state, "GET", f"{contents}?content=0", headers, timeout=timeout)[0] == 404:
+        metadata = {"kernelspec": {"name": "python3", "display_name": "Python 3"}}
+        content = {"cells": WELCOME_CELLS, "metadata": metadata, "nbformat": 4, "nbformat_minor": 5}
+        notebook = {"type": "notebook", "format": "json", "content": content}
+        local_request(state, "PUT", contents, headers, json.dumps(notebook).encode(), timeout=timeout)
+    kernel = {"name": "python3"}
+    session = {"path": WELCOME_NOTEBOOK, "name": WELCOME_NOTEBOOK, "type": "notebook", "kernel": kernel}
+    status, _ = local_request(
+        state, "POST", f"{base_url}api/sessions", headers, json.dumps(session).encode(), timeout=timeout
+    )
+    return status == 201
 
 
 def forwarded_headers(headers, jupyter_token: str, *, websocket: bool = False) -> list[tuple[str, str]]:

@@ -8,6 +8,7 @@ SHA-256), the GPU plan, the runtime's state, and the workload's state.
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import os
@@ -19,6 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from agents import gateway
 from agents.gpuplan import GpuPlan, HostGpuTools, PlanError, cpu_plan, gpu_plan
 from agents.mps import MpsDaemons, MpsError
 from agents.nvml import GpuReader
@@ -249,9 +251,14 @@ class Workloads:
         with self._lock:
             return list(self._table.values())
 
+    def starting(self) -> bool:
+        with self._lock:
+            return any(w.state == "starting" for w in self._table.values())
+
     # -- watching -----------------------------------------------------------------------------
     def refresh(self) -> None:
         """One pass over live workloads: note which answer, which ended, which never started."""
+        warm: list[Workload] = []
         for workload in self.all():
             if not workload.live or workload.runtime_state is None:
                 continue
@@ -273,6 +280,7 @@ class Workloads:
                     workload.last_alive_at = now_iso()
                     if ready:
                         workload.state = "running"
+                        warm.append(workload)
                     elif workload.state == "starting" and time.monotonic() > workload.start_deadline:
                         self.runtime.stop(workload.runtime_state)
                         self.mps.release(workload.session_id, workload.plan)
@@ -282,6 +290,15 @@ class Workloads:
                         )
                 if (workload.state, workload.exit_reason) != before:
                     self._save(workload)
+        for workload in warm:
+            if workload.token:
+                threading.Thread(target=self._warm_up, args=(workload,), name="warm-up", daemon=True).start()
+
+    def _warm_up(self, workload: Workload) -> None:
+        try:
+            gateway.warm_up(workload.runtime_state, workload.spec["base_url"], workload.token)
+        except (OSError, gateway.GatewayError, http.client.HTTPException) as exc:
+            log.info("warm-up of %s: %s", workload.session_id, exc)
 
     def pids_by_session(self) -> dict[str, set[int]]:
         gpu_workloads = [

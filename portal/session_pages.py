@@ -306,7 +306,8 @@ def _session_context(request: HttpRequest, session: Session) -> dict:
         "metrics": session_metrics(session),
         "events": session.events.order_by("-at")[:50],
         "live": session.state in Session.LIVE,
-        "jupyter_url": f"/jupyter/{session.id}/lab" if session.state == S.RUNNING else "",
+        "live_seconds": live_seconds(session),
+        "jupyter_url": prov_selectors.session_lab_url(session) if session.state == S.RUNNING else "",
     }
 
 
@@ -319,7 +320,14 @@ def session_detail(request: HttpRequest, session_id) -> HttpResponse:
 @login_required
 def session_live(request: HttpRequest, session_id) -> HttpResponse:
     session = _session(request, session_id)
-    return render(request, "portal/includes/session_state.html", _session_context(request, session))
+    response = render(request, "portal/includes/session_state.html", _session_context(request, session))
+    response["X-Live-Seconds"] = live_seconds(session)
+    return response
+
+
+def live_seconds(session: Session) -> str:
+    """How soon the session page asks again: quickly while the session is on its way to running."""
+    return "0.5" if session.state in (S.QUEUED, S.PLACING, S.STARTING) else "2"
 
 
 @login_required

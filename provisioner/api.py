@@ -50,7 +50,7 @@ def _valid(serializer_class, data):
 
 
 def _jupyter_url(session: Session) -> str | None:
-    return f"{session.base_url}lab" if session.state == S.RUNNING and session.upstream else None
+    return selectors.session_lab_url(session) if session.state == S.RUNNING and session.upstream else None
 
 
 def session_body(session: Session) -> dict:

@@ -92,6 +92,16 @@ def session_list_for_user(*, user) -> QuerySet[Session]:
     )
 
 
+# The notebook a session opens on; the agent starts its kernel as soon as JupyterLab answers
+# (agents/gateway.py, WELCOME_NOTEBOOK), so the kernel is up by the time the page is.
+WELCOME_NOTEBOOK = "Welcome.ipynb"
+
+
+def session_lab_url(session: Session) -> str:
+    """The browser's way into a running session's JupyterLab, through the portal's proxy."""
+    return f"{session.base_url}lab/tree/{WELCOME_NOTEBOOK}"
+
+
 def session_jupyter_target(*, user, session_id) -> tuple[str, str] | Session:
     """For the Jupyter proxy: (node address, node token) of the user's running session (the agent there
     is the node's gateway to the workload), or the Session itself when it exists but is not running (for

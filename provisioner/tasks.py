@@ -21,6 +21,12 @@ from provisioner.services.heartbeats import nodes_liveness_sweep
 log = logging.getLogger("provisioner.tasks")
 S = Session.State
 POLL_SECONDS = 2.0
+QUICK_POLL_SECONDS = 0.3  # the first polls after a put: a JupyterLab usually answers within seconds
+QUICK_POLLS = 30
+
+
+def _poll_countdown(attempt: int) -> float:
+    return QUICK_POLL_SECONDS if attempt < QUICK_POLLS else POLL_SECONDS
 
 
 def _backoff(retries: int) -> float:
@@ -63,12 +69,12 @@ def session_start_task(self, session_id: str) -> str:
         log.warning("start %s: %s", session_id, exc)
         raise self.retry(countdown=_backoff(self.request.retries))
     lifecycle.session_mark_starting(session_id=session.id)
-    session_poll_task.apply_async((session_id,), countdown=POLL_SECONDS)
+    session_poll_task.apply_async((session_id,), countdown=_poll_countdown(0))
     return "put"
 
 
 @shared_task(bind=True, max_retries=None, acks_late=True)
-def session_poll_task(self, session_id: str) -> str:
+def session_poll_task(self, session_id: str, attempt: int = 0) -> str:
     """Until the session runs (or fails, or times out): GET its workload from the agent."""
     session = _session(session_id)
     if session is None or session.state not in (S.PLACING, S.STARTING):
@@ -90,7 +96,7 @@ def session_poll_task(self, session_id: str) -> str:
     if status.get("state") in ("exited", "failed"):
         _fail_start(session, line(M.COULD_NOT_START, why=status.get("exit_reason") or status.get("state")))
         return "failed"
-    self.apply_async((session_id,), countdown=POLL_SECONDS)
+    self.apply_async((session_id, attempt + 1), countdown=_poll_countdown(attempt + 1))
     return "waiting"
 
 

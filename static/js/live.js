@@ -1,17 +1,27 @@
 // Live state without reloads: any element with data-live-url is refreshed from that URL (a fragment of
-// server-rendered HTML) every data-live-seconds (default 3). Paused while the tab is hidden.
+// server-rendered HTML) every data-live-seconds (default 3), or as often as the answer asks. Paused while
+// the tab is hidden.
 (function () {
-  function refresh(element) {
-    if (document.hidden) return;
+  // The answer's X-Live-Seconds, when it has one, sets the next wait: a session that is starting asks
+  // for quick polls so "Open JupyterLab" shows as soon as it can be used, then slower ones.
+  function refresh(element, seconds) {
+    function again(next) { setTimeout(function () { refresh(element, next); }, next * 1000); }
+    if (document.hidden) { again(seconds); return; }
     fetch(element.dataset.liveUrl, { headers: { "X-Requested-With": "fetch" }, credentials: "same-origin" })
-      .then(function (response) { return response.ok ? response.text() : null; })
-      .then(function (html) { if (html !== null && html !== element.innerHTML) element.innerHTML = html; })
-      .catch(function () {});
+      .then(function (response) {
+        var next = parseFloat(response.headers.get("X-Live-Seconds")) || seconds;
+        return response.ok ? response.text().then(function (html) { return [html, next]; }) : [null, next];
+      })
+      .then(function (answer) {
+        if (answer[0] !== null && answer[0] !== element.innerHTML) element.innerHTML = answer[0];
+        again(answer[1]);
+      })
+      .catch(function () { again(seconds); });
   }
   function start() {
     document.querySelectorAll("[data-live-url]").forEach(function (element) {
       var seconds = parseFloat(element.dataset.liveSeconds || "3");
-      setInterval(function () { refresh(element); }, seconds * 1000);
+      setTimeout(function () { refresh(element, seconds); }, seconds * 1000);
     });
     document.querySelectorAll("select[data-autosubmit]").forEach(function (select) {
       select.addEventListener("change", function () { select.form.submit(); });

@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.agents.conftest import NODE_TOKEN, run_in_kernel, workload_spec
+from tests.agents.conftest import NODE_TOKEN, run_in_kernel, wait_for, workload_spec
 
 pytestmark = pytest.mark.slow
 
@@ -36,3 +36,21 @@ def test_the_gateway_serves_its_sessions_only_to_the_node_token(start_agent):
     assert agent.client.delete("/v1/workloads/gw-1").json() == {"deleted": True}
     gone = httpx.get(f"{base}api/status", headers={"Authorization": f"Bearer {NODE_TOKEN}"})
     assert gone.status_code == 404
+
+
+def test_a_running_session_has_its_welcome_notebook_and_kernel_up_before_anyone_opens_it(start_agent):
+    agent = start_agent()
+    assert agent.put_workload(workload_spec("gw-2", None)).status_code == 201
+    agent.wait_state("gw-2", ("running",))
+
+    def warm():
+        sessions = agent.client.get("/jupyter/gw-2/api/sessions").json()
+        return [s for s in sessions if s["path"] == "Welcome.ipynb"]
+
+    (session,) = wait_for(warm, 30, 0.2, "the welcome notebook's kernel session")
+    kernel = session["kernel"]
+    assert kernel["name"] == "python3" and kernel["connections"] == 0  # started before anyone opened it
+    assert kernel["id"] in [k["id"] for k in agent.client.get("/jupyter/gw-2/api/kernels").json()]
+    notebook = agent.client.get("/jupyter/gw-2/api/contents/Welcome.ipynb").json()
+    assert notebook["type"] == "notebook" and "GPU" in notebook["content"]["cells"][0]["source"]
+    assert (agent.state_dir / "homes" / "alice" / "Welcome.ipynb").stat().st_uid != 0  # the tenant's file

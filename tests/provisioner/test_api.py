@@ -352,7 +352,7 @@ def test_a_running_session_shows_its_jupyter_url_and_cost_never_its_token(fleet,
     beat(fleet, [workload_status(session, "running")])
     body = client.get(f"/api/v1/sessions/{sid}").json()
     assert body["state"] == "running"
-    assert body["jupyter_url"] == f"/jupyter/{sid}/lab"
+    assert body["jupyter_url"] == f"/jupyter/{sid}/lab/tree/Welcome.ipynb"
     assert body["cost"]["total_micros"] >= 0
     assert body["running_at"] and body["last_alive_at"]
     token = unseal(session.jupyter_token_sealed)

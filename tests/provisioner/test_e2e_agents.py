@@ -187,7 +187,7 @@ def test_launch_reach_jupyter_through_the_portal_and_stop(portal, agents, fleet)
     assert (on_a["node"], on_b["node"]) == ("node-a", "node-b")
     running = wait_state(api, on_a["id"], ("running", "failed"))
     assert running["state"] == "running", running
-    assert running["jupyter_url"] == f"/jupyter/{on_a['id']}/lab"
+    assert running["jupyter_url"] == f"/jupyter/{on_a['id']}/lab/tree/Welcome.ipynb"
     assert wait_state(api, on_b["id"], ("running", "failed"))["state"] == "running"
 
     browser = Client()
