@@ -157,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         fail(str(exc))
     egress_dir = None
-    if args.runtime == "process" and args.sandbox != "none" and args.outbound == "on":
+    sandboxed = args.runtime == "docker" or (args.runtime == "process" and args.sandbox != "none")
+    if sandboxed and args.outbound == "on":
         egress_dir = str(state_dir / "egress")
     options = RuntimeOptions(
         state_dir=state_dir,

@@ -2,7 +2,7 @@
 
 The portal's proxy dials the node's enrolled address (this agent) with the node token; the agent
 forwards to the workload's JupyterLab, which listens on a Unix socket in the session's private folder
-(the process runtime) or on the agent host's loopback (the docker runtime), adds the Jupyter token
+(bind-mounted into the container with the docker runtime), adds the Jupyter token
 itself and scrubs it out of every HTML, JSON or JavaScript answer. A session id the agent does not run
 is a 404. Nothing here dials another host.
 

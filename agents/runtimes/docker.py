@@ -2,21 +2,32 @@
 
 ``container_spec`` is a pure function (tested in full without an engine); ``DockerRuntime`` hands it
 to the engine. The GPU is requested by UUID, so the container sees exactly the plan's device.
+
+The container has no network of its own (``network_mode: none``): it cannot reach the host's services,
+the agent, the portal or another container. JupyterLab listens on a Unix socket in the session's
+private folder, bind-mounted from the agent's state, which the agent's gateway dials as it does for the
+process runtime. Outbound HTTP(S), when the node allows it, goes through the same egress proxy: its
+socket folder is mounted read-only and a relay inside the container serves 127.0.0.1:3128.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+from pathlib import Path
 from typing import Any
 
+from agents import egress
 from agents.gpuplan import GpuPlan, enforcement
 from agents.runtimes.base import Runtime, RuntimeStartError
-from agents.runtimes.process import free_port
 from agents.spec import WorkloadSpec
 
-CONTAINER_PORT = 8888
+CONTAINER_RUN = "/run/jupyter"  # the session's private folder inside the container
+SOCK_NAME = "jupyter.sock"
 CONTAINER_HOME = "/home/jovyan"
 CONTAINER_USER = "1000:100"  # jovyan:users in the Jupyter images
+CONTAINER_IDS = (1000, 100)
 LABEL_PREFIX = "io.suanli"
 
 
@@ -25,7 +36,14 @@ def container_name(session_id: str) -> str:
 
 
 def container_spec(
-    spec: WorkloadSpec, plan: GpuPlan, *, host_port: int, default_image: str, shm_mib: int, pids_limit: int
+    spec: WorkloadSpec,
+    plan: GpuPlan,
+    *,
+    private_dir: str,
+    egress_dir: str | None,
+    default_image: str,
+    shm_mib: int,
+    pids_limit: int,
 ) -> dict[str, Any]:
     """Keyword arguments for ``client.containers.run`` (pure: no engine, no file system)."""
     import docker.types
@@ -38,11 +56,22 @@ def container_spec(
         'umask 077 && printf %s "$SUANLI_JUPYTER_CONFIG" > /tmp/jupyter_server_config.json'
         " && unset SUANLI_JUPYTER_CONFIG && exec jupyter lab --no-browser"
         " --config=/tmp/jupyter_server_config.json"
-        f" --ServerApp.ip=0.0.0.0 --ServerApp.port={CONTAINER_PORT} --ServerApp.port_retries=0"
+        f" --ServerApp.sock={CONTAINER_RUN}/{SOCK_NAME} --ServerApp.sock_mode=0600"
+        " --ServerApp.allow_remote_access=True"
         f" --ServerApp.base_url={spec.base_url} --ServerApp.root_dir={CONTAINER_HOME}",
     ]
+    environment = {**plan.env, "SUANLI_JUPYTER_CONFIG": config}
+    if egress_dir:
+        command = egress.relay_command("python3", command)
+        environment |= egress.proxy_env()
     mounts = [
         docker.types.Mount(target=CONTAINER_HOME, source=f"suanli-home-{spec.user}", type="volume"),
+        docker.types.Mount(target=CONTAINER_RUN, source=private_dir, type="bind"),
+        *(
+            [docker.types.Mount(target=egress.SANDBOX_DIR, source=egress_dir, type="bind", read_only=True)]
+            if egress_dir
+            else []
+        ),
         *(
             docker.types.Mount(target=m.target, source=m.source, type="bind", read_only=m.read_only)
             for m in plan.mounts
@@ -58,13 +87,13 @@ def container_spec(
         "name": container_name(spec.session_id),
         "command": command,
         "detach": True,
-        "environment": {**plan.env, "SUANLI_JUPYTER_CONFIG": config},
+        "environment": environment,
         "labels": {
             f"{LABEL_PREFIX}.session": spec.session_id,
             f"{LABEL_PREFIX}.user": spec.user,
             f"{LABEL_PREFIX}.profile": plan.profile or "cpu",
         },
-        "ports": {f"{CONTAINER_PORT}/tcp": ("127.0.0.1", host_port)},
+        "network_mode": "none",
         "mounts": mounts,
         "device_requests": device_requests,
         "mem_limit": f"{spec.limits.memory_mib}m",
@@ -108,11 +137,17 @@ class DockerRuntime(Runtime):
         import docker
 
         client = self.client()
-        port = free_port()
+        private = Path(self.options.state_dir) / "run" / spec.session_id / "private"
+        if private.parent.exists():
+            shutil.rmtree(private.parent)
+        private.mkdir(parents=True, mode=0o700)
+        if os.geteuid() == 0:  # the container's user creates its socket there
+            os.chown(private, *CONTAINER_IDS)
         kwargs = container_spec(
             spec,
             plan,
-            host_port=port,
+            private_dir=str(private),
+            egress_dir=self.options.egress_dir,
             default_image=self.options.default_image,
             shm_mib=self.options.shm_mib,
             pids_limit=self.options.pids_limit,
@@ -133,8 +168,9 @@ class DockerRuntime(Runtime):
             ),
             "container_id": container.id,
             "container_name": kwargs["name"],
-            "port": port,
-            "upstream": f"http://127.0.0.1:{port}",
+            "run_dir": str(private.parent),
+            "socket": str(private / SOCK_NAME),
+            "upstream": f"unix:{private / SOCK_NAME}",
             "base_url": spec.base_url,
         }
 

@@ -27,11 +27,12 @@ def _spec(allocation: dict | None, **overrides):
     return parse_spec(workload_spec("dock-1", allocation, token="secret-token-42", **overrides))
 
 
-def _build(spec, plan):
+def _build(spec, plan, egress_dir=None):
     return container_spec(
         spec,
         plan,
-        host_port=41234,
+        private_dir="/var/lib/agent/run/dock-1/private",
+        egress_dir=egress_dir,
         default_image="quay.io/jupyter/base-notebook",
         shm_mib=1024,
         pids_limit=4096,
@@ -57,7 +58,7 @@ def test_fixed_share_container_spec():
         and kwargs["shm_size"] == "1024m"
         and kwargs["pids_limit"] == 4096
     )
-    assert kwargs["ports"] == {"8888/tcp": ("127.0.0.1", 41234)}
+    assert kwargs["network_mode"] == "none" and "ports" not in kwargs  # nothing to reach, nothing published
     assert kwargs["user"] == "1000:100" and kwargs["cap_drop"] == ["ALL"]
     assert kwargs["security_opt"] == ["no-new-privileges:true"] and kwargs["read_only"] is True
     assert set(kwargs["tmpfs"]) == {"/tmp"}
@@ -81,7 +82,10 @@ def test_fixed_share_container_spec():
     assert mounts["/usr/local/vgpu/libvgpu.so"]["Source"] == TOOLS.vgpu_lib
     command = " ".join(kwargs["command"])
     assert "secret-token-42" not in command  # the token is not in argv
-    assert "--ServerApp.base_url=/jupyter/dock-1/" in command and "--ServerApp.port=8888" in command
+    assert "--ServerApp.base_url=/jupyter/dock-1/" in command
+    assert "--ServerApp.sock=/run/jupyter/jupyter.sock" in command and "--ServerApp.port" not in command
+    assert mounts["/run/jupyter"]["Source"] == "/var/lib/agent/run/dock-1/private"
+    assert "HTTP_PROXY" not in env and "/run/suanli-egress" not in mounts  # outbound off
     assert kwargs["ipc_mode"] is None
 
 
@@ -113,6 +117,20 @@ def test_equal_share_mounts_the_mps_pipe_and_mig_and_cpu_sessions():
     assert mig["device_requests"][0]["DeviceIDs"] == [MIGS["1g.10gb"]]
     cpu = _build(_spec(None), cpu_plan())
     assert cpu["device_requests"] == [] and cpu["environment"]["NVIDIA_VISIBLE_DEVICES"] == "void"
+
+
+def test_outbound_goes_through_the_egress_relay_and_nothing_else():
+    kwargs = _build(_spec(None), cpu_plan(), egress_dir="/var/lib/agent/egress")
+    assert kwargs["network_mode"] == "none"
+    mounts = {m["Target"]: m for m in kwargs["mounts"]}
+    assert (
+        mounts["/run/suanli-egress"]["Source"] == "/var/lib/agent/egress"
+        and mounts["/run/suanli-egress"]["ReadOnly"]
+    )
+    assert kwargs["environment"]["HTTPS_PROXY"] == "http://127.0.0.1:3128"
+    command = kwargs["command"]
+    assert command[:2] == ["python3", "-I"] and "/run/suanli-egress/egress.sock" in command
+    assert command[command.index("--") + 1 :][:2] == ["bash", "-c"]  # then JupyterLab, as without it
 
 
 def _engine_available() -> bool:
