@@ -31,6 +31,7 @@ GROUPINGS = ("user", "team", "gpu_model", "profile")
 BUCKETS = ("day", "week", "month")
 DEFAULT_DAYS = 30
 MAX_DAYS = 3 * 366
+MICRO_SECOND = Decimal("0.000001")  # GPU-seconds of a MIG slice are sevenths: kept to this precision
 
 # One row per (bucket, group): the metering postings in range, each span of seconds counted on one leg.
 _USAGE_SQL = """
@@ -243,7 +244,7 @@ def usage_report(*, usage_filter: UsageFilter, account: Account | None = None) -
                 group_key=key or None,
                 group_label=label,
                 seconds=seconds,
-                gpu_seconds=Decimal(gpu_seconds),
+                gpu_seconds=Decimal(gpu_seconds).quantize(MICRO_SECOND),
                 money_micros=money,
                 card_micros=card,
             )
