@@ -100,7 +100,7 @@ def _usage_answer(
             ("user", _("User")),
             ("team", _("Team")),
             ("gpu_model", _("GPU model")),
-            ("profile", _("Profile")),
+            ("profile", _("GPU profile")),
         ],
         "buckets": [("day", _("Day")), ("week", _("Week")), ("month", _("Month"))],
         "export_query": _export_query(request),
