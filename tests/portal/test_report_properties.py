@@ -14,7 +14,7 @@ import pytest
 from django.conf import settings as django_settings
 from django.db import connection, transaction
 from django.utils import timezone
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from billing.models import CARD_UNIT, Entry, LedgerAccount, Meter, Transfer
@@ -205,7 +205,6 @@ def people(settings):  # pytest-django's settings, not hypothesis's
 
 @settings(
     max_examples=60,
-    phases=(Phase.explicit, Phase.reuse, Phase.generate),
     deadline=None,
     suppress_health_check=[
         HealthCheck.function_scoped_fixture,
