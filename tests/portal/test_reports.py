@@ -247,3 +247,17 @@ def test_bad_audit_filters_are_a_clear_400(audited, query):
     response = client.get(f"/operations/audit/?{query}")
     assert response.status_code == 400 and 'data-testid="audit-error"' in response.content.decode()
     assert client.get(f"/operations/audit/?{query}&format=json").status_code == 400
+
+
+def test_a_team_card_split_records_what_the_card_held_before(usage):
+    from billing.services.cards import card_batch_issue, card_redeem, card_split
+
+    olga, team = usage["olga"], usage["team"]
+    _batch, (code,) = card_batch_issue(hours_micros=10_000_000, count=1, valid_days=30)
+    card = card_redeem(user=olga, account=team.account, code=code)
+    card_split(card_id=card.id, account=team.account, parts=[4_000_000], actor=olga)
+    entry = AuditEntry.objects.get(action="cards.split")
+    assert entry.before == {"card_id": card.id, "hours_left_micros": 10_000_000}
+    assert entry.after["parts"][0]["hours_micros"] == 4_000_000
+    body = _client(usage["root"]).get("/operations/audit/?action=cards&format=json").json()
+    assert [e["before"] for e in body["entries"] if e["action"] == "cards.split"] == [entry.before]
