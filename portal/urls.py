@@ -3,7 +3,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from portal import api, metrics, pages, session_pages, views
+from portal import api, metrics, pages, report_pages, session_pages, views
 
 urlpatterns = [
     path("", views.home, name="home"),
@@ -40,12 +40,15 @@ urlpatterns = [
     path("sessions/<uuid:session_id>/stop", session_pages.session_stop_view, name="session_stop"),
     path("live/sessions", session_pages.running_live, name="running_live"),
     path("operations/", session_pages.operations, name="operations"),
+    path("operations/usage/", report_pages.usage_report_site, name="usage_report"),
+    path("operations/audit/", report_pages.audit_log, name="audit_log"),
     path("profile/", views.profile, name="profile"),
     path("language/", views.language_set, name="language_set"),
     path("teams/", views.team_list, name="team_list"),
     path("teams/join/", views.team_join, name="team_join"),
     path("teams/join/<str:code>/", views.team_join, name="team_join_code"),
     path("teams/<slug:slug>/", views.team_detail, name="team_detail"),
+    path("teams/<slug:slug>/usage/", report_pages.usage_report_team, name="team_usage_report"),
     path("", include("billing.urls")),
     path("", include("provisioner.urls")),
     path("api/v1/me", api.MeView.as_view(), name="api_me"),

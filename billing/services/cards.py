@@ -46,10 +46,18 @@ GIFT_CODE_VALID_DAYS = 14
 MAX_BATCH = 10_000
 
 
-def _team_move_audit(*, actor, account: Account, action: str, card: Card, after: dict) -> None:
-    """A team's card moves are audited (who, which card, what): its members share what it holds."""
+def _team_move_audit(
+    *, actor, account: Account, action: str, card: Card, after: dict, held_before_micros: int | None = None
+) -> None:
+    """A team's card moves are audited (who, which card, what it held before, what moved): its members
+    share what it holds."""
     if account.kind == Account.Kind.TEAM:
-        audit_record(actor=actor, action=action, target=account, after={"card_id": card.id, **after})
+        before = None
+        if held_before_micros is not None:
+            before = {"card_id": card.id, "hours_left_micros": held_before_micros}
+        audit_record(
+            actor=actor, action=action, target=account, before=before, after={"card_id": card.id, **after}
+        )
 
 
 def _hours_micros(value: object, field: str) -> int:
@@ -366,6 +374,7 @@ def card_split(
             raise ValidationFailed(
                 _("The parts add up to more than the card holds."), fields={"parts": "too much"}
             )
+        held_before = ledger.balance_micros
         made = _make_parts(
             card=card, ledger=ledger, amounts=parts, actor=actor, now=now, split_key=idempotency_key
         )
@@ -374,6 +383,7 @@ def card_split(
             account=account,
             action="cards.split",
             card=card,
+            held_before_micros=held_before,
             after={
                 "parts": [{"card_id": part.id, "hours_micros": part.hours_micros} for part, _code in made]
             },
@@ -409,14 +419,14 @@ def card_gift(*, card_id: int, account: Account, actor=None) -> tuple[Card, str]
         _require_usable(card, now)
         if ledger.balance_micros <= 0:
             raise ValidationFailed(_("This card is empty."), code="card_empty")
-        ((part, code),) = _make_parts(
-            card=card, ledger=ledger, amounts=[ledger.balance_micros], actor=actor, now=now
-        )
+        held_before = ledger.balance_micros
+        ((part, code),) = _make_parts(card=card, ledger=ledger, amounts=[held_before], actor=actor, now=now)
         _team_move_audit(
             actor=actor,
             account=account,
             action="cards.gift",
             card=card,
+            held_before_micros=held_before,
             after={"part_id": part.id, "hours_micros": part.hours_micros},
         )
         return part, code

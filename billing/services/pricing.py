@@ -126,11 +126,13 @@ def burn_rate_set(*, gpu_model: str, multiplier_milli: int, actor=None, reason: 
     if isinstance(multiplier_milli, bool) or not isinstance(multiplier_milli, int) or multiplier_milli <= 0:
         raise ValidationFailed(_("A burn multiplier is a positive whole number of thousandths."))
     with transaction.atomic():
+        before = _current(CardBurnRate.objects.filter(gpu_model=gpu_model), None)
         rate = CardBurnRate.objects.create(gpu_model=gpu_model, multiplier_milli=multiplier_milli)
         audit_record(
             actor=actor,
             action="burn_rate.set",
             target=rate,
+            before={"multiplier_milli": before.multiplier_milli} if before else None,
             after={"multiplier_milli": multiplier_milli},
             reason=reason,
         )

@@ -46,6 +46,7 @@ def node_enroll(*, name: str, address: str, labels: dict | None = None, actor=No
                 "token_sealed": seal(token),
             },
         )
+        before = None if created else {"name": node.name, "address": node.address, "labels": node.labels}
         if not created:
             node.address = address.rstrip("/")
             node.token_hash = token_hash(token)
@@ -57,6 +58,7 @@ def node_enroll(*, name: str, address: str, labels: dict | None = None, actor=No
             actor=actor,
             action="node.enroll" if created else "node.token_rotate",
             target=node,
+            before=before,
             after={"name": name, "address": node.address, "labels": node.labels},
         )
     return Enrolment(node, token)
