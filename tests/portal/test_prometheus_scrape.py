@@ -93,8 +93,8 @@ def test_prometheus_scrapes_portal_and_agent_and_promql_counts_running_sessions(
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
     log = (tmp_path / "prometheus.log").open("wb")  # noqa: SIM115 - closed in the finally below
     server = subprocess.Popen(
-        [PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-         f"--web.listen-address=127.0.0.1:{port}"],
+        [PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}",
+         f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
         stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
