@@ -105,6 +105,16 @@ def local_only(context) -> None:
     context.route(lambda url: not LOCAL.match(url), lambda route: route.abort())
 
 
+def sign_up_with_code(page, code: str, username: str, password: str = "a-long-passphrase-42") -> None:
+    """Sign up from an invite link (``/signup/?code=…``) and land on the dashboard or the cards page."""
+    page.goto(f"/signup/?code={code}")
+    page.fill("input[name=username]", username)
+    page.fill("input[name=email]", f"{username}@example.com")
+    page.fill("input[name=password]", password)
+    page.click("form button[type=submit]")
+    page.wait_for_url(re.compile(r"/(dashboard|cards)/"))
+
+
 def log_in(page, username: str, password: str) -> None:
     page.goto("/login/")
     page.fill("input[name=username]", username)

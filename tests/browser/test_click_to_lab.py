@@ -24,6 +24,7 @@ from tests.browser.steps import (
     launch_and_wait_running,
     open_launch_page,
     product_stack,
+    sign_up_with_code,
     stack_env,
     wait_for_free_gpu,
 )
@@ -45,12 +46,7 @@ def test_click_to_an_idle_kernel(browser, stack, artifacts_dir):
     context = browser.new_context(base_url=stack["web"].url, viewport=DESKTOP)
     context.set_default_timeout(30_000)
     page = context.new_page()
-    page.goto(f"/signup/?code={code}")
-    page.fill("input[name=username]", "lin")
-    page.fill("input[name=email]", "lin@example.com")
-    page.fill("input[name=password]", "a-long-passphrase-42")
-    page.click("form button[type=submit]")
-    page.wait_for_url(re.compile(r"/(dashboard|cards)/"))
+    sign_up_with_code(page, code, "lin")
 
     rounds = []
     for _ in range(ROUNDS):

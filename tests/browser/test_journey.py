@@ -23,6 +23,7 @@ from tests.browser.steps import (
     open_launch_page,
     product_stack,
     shoot,
+    sign_up_with_code,
     stack_env,
     wait_for_free_gpu,
 )
@@ -55,12 +56,7 @@ def test_invite_code_to_a_notebook_on_a_quarter_gpu_and_back(browser, stack, off
 
     page.goto("/")
     shoot(page, artifacts_dir, "home")
-    page.goto(f"/signup/?code={offer}")
-    page.fill("input[name=username]", "mei")
-    page.fill("input[name=email]", "mei@example.com")
-    page.fill("input[name=password]", "a-long-passphrase-42")
-    page.click("form button[type=submit]")
-    page.wait_for_url(re.compile(r"/(dashboard|cards)/"))
+    sign_up_with_code(page, offer, "mei")
     page.goto("/dashboard/")
     assert "2000 h" in page.content()
     shoot(page, artifacts_dir, "dashboard")
