@@ -22,6 +22,7 @@ test: $(STAMP)
 lint: $(STAMP)
 	@$(BIN)/ruff check .
 	@$(BIN)/ruff format --check .
+	@$(BIN)/lint-imports --no-cache
 
 format: $(STAMP)
 	@$(BIN)/ruff format .

@@ -45,8 +45,9 @@ from django.db.models import Q  # noqa: E402
 from billing.models import CARD_UNIT, Card, LedgerAccount, Meter, Transfer  # noqa: E402
 from billing.selectors import account_funds  # noqa: E402
 from billing.services.ledger import money_unit, overdraft_for, system_account, transfer_post  # noqa: E402
-from billing.services.metering import db_now, metering_tick  # noqa: E402
+from billing.services.metering import metering_tick  # noqa: E402
 from billing.services.pricing import price_quote, price_set  # noqa: E402
+from core.clock import db_now  # noqa: E402
 
 ACCOUNTS = 5_000
 MODELS = [("A100-SXM4-80GB", 12_000_000, 2000), ("T4", 2_000_000, 500), ("H200", 36_000_000, 4000)]

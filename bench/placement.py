@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from provisioner.services.placement import (  # noqa: E402
+from provisioner.placement import (  # noqa: E402
     BINPACK,
     EXCLUSIVE,
     SHARED,
@@ -266,6 +266,7 @@ def database(*, launches: int, seed: int) -> None:
     from django.conf import settings
     from django.db import connection
 
+    from provisioner import enqueue
     from provisioner.models import Device, Session
     from provisioner.services import sessions
     from provisioner.services.sessions import session_end
@@ -279,8 +280,8 @@ def database(*, launches: int, seed: int) -> None:
         user_make,
     )
 
-    sessions._queue_start = lambda session_id: None
-    sessions._queue_dispatch = lambda: None
+    enqueue.session_start = lambda session_id: None
+    enqueue.queue_dispatch = lambda: None
     settings.QUOTA_DEFAULT_MAX_SESSIONS = 50
     settings.QUOTA_DEFAULT_MAX_EIGHTHS = 400
     _wipe()

@@ -18,7 +18,6 @@ from django.urls import path, reverse
 from django.utils.html import format_html
 
 from billing.codes import codes_csv
-from billing.errors import ApplicationError
 from billing.models import (
     Account,
     AuditEntry,
@@ -41,19 +40,8 @@ from billing.services.cards import card_batch_issue
 from billing.services.ledger import wallet_adjust, wallet_for
 from billing.services.pricing import burn_rate_set, price_set
 from billing.services.reconcile import ledger_hold_resolve
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """Rows written only by the services: viewable, never added, changed or deleted here."""
-
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
+from core.admin import ReadOnlyAdmin
+from core.errors import ApplicationError
 
 
 def _micros(value: int | None) -> str:

@@ -18,7 +18,6 @@ from rest_framework.response import Response
 from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
-from billing.errors import ApplicationError, NotFound, ValidationFailed
 from billing.models import Card, CardBatch, Price
 from billing.selectors import account_for_user, account_funds, card_detail, cards_for_account, ledger_entries
 from billing.services.cards import (
@@ -31,7 +30,8 @@ from billing.services.cards import (
 )
 from billing.services.pricing import price_set
 from billing.services.topups import amount_parse, topup_create, topup_webhook_handle
-from portal.auth import StaffOnly
+from core.errors import ApplicationError, NotFound, ValidationFailed
+from core.permissions import StaffOnly
 
 ACCOUNT = OpenApiParameter(
     "account", int, description="A team account you belong to; your own account when omitted."

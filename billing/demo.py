@@ -18,7 +18,6 @@ from billing.services.cards import card_batch_issue, card_redeem
 from billing.services.ledger import wallet_for
 from billing.services.pricing import burn_multiplier_milli, burn_rate_set
 from billing.services.topups import wallet_credit_promotion
-from portal.demo import register_step
 
 # card-hours burned per hour of a whole card, in thousandths (names as the provisioner's GPU models)
 BURN_RATES = [("T4", 500), ("A100-SXM4-80GB", 2000), ("H200", 4000)]
@@ -73,11 +72,9 @@ def _has_course_card(user) -> bool:
     return Card.objects.filter(batch__label=COURSE, redeemed_by=user, parent__isnull=True).exists()
 
 
-@register_step
-def demo_billing(*, url: str) -> list[str]:
-    from portal.embedded import data_dir
-
-    done = seed(data_dir=data_dir())
+def demo_billing(*, url: str, data_dir: Path) -> list[str]:
+    """The lines ``make run`` prints about what this step seeded (idempotent)."""
+    done = seed(data_dir=data_dir)
     rates = ", ".join(f"{model} ×{multiplier:g}" for model, multiplier in done["burn_rates"].items())
     lines = [f"card burn rates:    {rates}"]
     if done["student_card"]:

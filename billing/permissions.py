@@ -3,27 +3,21 @@
 Anyone who may pay with an account (``account_for_user``) sees it, spends from it within their caps and
 redeems codes onto it. Moving what it holds elsewhere (splitting, gifting or revoking its cards) and
 topping it up take more: the account's own user, or an owner or admin of the team whose account it is.
-Billing does not know teams; the portal answers through ``ACCOUNT_MANAGER_SELECTOR``. The rules are in
-docs/TEAMS.md.
+Billing does not know teams; the portal answers through the rules it registers (``billing.rules``).
+The rules are in docs/TEAMS.md.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.conf import settings
-from django.utils.module_loading import import_string
 from django.utils.translation import gettext as _
 
-from billing.errors import Forbidden
 from billing.models import Account
+from billing.rules import account_managed_by
+from core.errors import Forbidden
 
 TEAM_ROLE_REQUIRED = "team_role_required"
-
-
-def account_managed_by(*, user: Any, account: Account) -> bool:
-    """Whether ``user`` may move ``account``'s money and cards, as the portal decides."""
-    return bool(import_string(settings.ACCOUNT_MANAGER_SELECTOR)(user=user, account=account))
 
 
 def account_manager_require(*, actor: Any, account: Account, message: str) -> None:

@@ -9,21 +9,20 @@ from django.conf import settings
 from django.db import connection
 from django.db.models import Q, QuerySet
 from django.db.models.functions import Now
-from django.utils.module_loading import import_string
 from django.utils.translation import gettext as _
 
-from billing.errors import NotFound
 from billing.models import (
     Account,
     Card,
     Entry,
     LedgerHold,
     Notification,
-    Price,
     StripeEvent,
     TopUp,
     TopUpDispute,
 )
+from billing.rules import accounts_payable_by
+from core.errors import NotFound
 
 
 @dataclass(frozen=True)
@@ -105,11 +104,6 @@ def account_funds(*, account: Account, gpu_model: str | None = None) -> Funds:
     )
 
 
-def accounts_payable_by(*, user) -> list[Account]:
-    """The accounts ``user`` may see and pay with, as the portal decides (PAYING_ACCOUNTS_SELECTOR)."""
-    return list(import_string(settings.PAYING_ACCOUNTS_SELECTOR)(user=user))
-
-
 def account_for_user(*, user, account_id: int | str | None = None) -> Account:
     """The caller's own account, or a team account they belong to; anything else is NotFound."""
     if account_id in (None, ""):
@@ -146,41 +140,6 @@ def ledger_entries(
     if until:
         entries = entries.filter(transfer__created_at__lt=until)
     return entries
-
-
-def price_list() -> list[dict]:
-    """The current catalog: every priced (gpu_model, profile) with its money and card burn per hour,
-    slices included at their derived price. For the pricing page and the launch form."""
-    from billing.services.pricing import CPU, WHOLE, price_quote
-
-    latest: dict[tuple[str, str], Price] = {}
-    for price in Price.objects.filter(effective_from__lte=Now()).order_by("effective_from", "id"):
-        latest[(price.gpu_model, price.profile)] = price
-    rows = []
-    models = sorted({m for m, p in latest if p == WHOLE})
-    for model in models:
-        profiles = [WHOLE, "1/2", "1/4", "1/8"] + sorted(p for m, p in latest if m == model and "g." in p)
-        for profile in profiles:
-            quote = price_quote(gpu_model=model, profile=profile)
-            rows.append(
-                {
-                    "gpu_model": model,
-                    "profile": profile,
-                    "price_micros_per_hour": quote.price_micros_per_hour,
-                    "card_burn_micros_per_hour": quote.card_burn_micros_per_hour,
-                }
-            )
-    if ("", CPU) in latest:
-        quote = price_quote(gpu_model="", profile=CPU)
-        rows.append(
-            {
-                "gpu_model": "",
-                "profile": CPU,
-                "price_micros_per_hour": quote.price_micros_per_hour,
-                "card_burn_micros_per_hour": quote.card_burn_micros_per_hour,
-            }
-        )
-    return rows
 
 
 def cards_for_account(*, account: Account) -> QuerySet[Card]:

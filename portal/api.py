@@ -17,7 +17,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from billing.errors import NotFound
+from core.errors import NotFound
 from portal import selectors, services
 from portal.auth import NO_TOKEN
 from portal.models import AccessToken, Membership, Team, TeamInvite, User

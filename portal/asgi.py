@@ -15,8 +15,9 @@ os.environ.setdefault("DATABASE_POOL_SIZE", "20")  # see portal/settings.py
 django_application = get_asgi_application()
 
 from portal.proxy import PREFIX, JupyterProxy  # noqa: E402  (needs Django set up first)
+from portal.selectors import jupyter_route_resolve  # noqa: E402
 
-proxy = JupyterProxy(fallback=django_application)
+proxy = JupyterProxy(resolver=jupyter_route_resolve, fallback=django_application)
 
 
 async def application(scope, receive, send):
@@ -28,4 +29,4 @@ async def application(scope, receive, send):
         await django_application(scope, receive, send)
 
 
-proxy_application = JupyterProxy()
+proxy_application = JupyterProxy(resolver=jupyter_route_resolve)

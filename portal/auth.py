@@ -125,12 +125,6 @@ class TokenScopePermission(permissions.BasePermission):
         return token_may(token, scope=view_scope(view, request), method=request.method)
 
 
-class StaffOnly(permissions.IsAdminUser):
-    """The staff endpoints (``/api/v1/admin/…``): with the default classes, so token scopes still apply."""
-
-    message = "Staff only."
-
-
 class _SettingsRateThrottle(throttling.SimpleRateThrottle):
     """Reads its rate when asked, not at import, so a changed REST_FRAMEWORK setting takes effect."""
 

@@ -8,7 +8,7 @@ from rest_framework import exceptions as drf_exceptions
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
-from billing.errors import ApplicationError
+from core.errors import ApplicationError
 
 # The errors any API call can answer, documented once for every operation (drf-spectacular hook below)
 # rather than on each view: what the exception handler makes of bad input, a missing or scoped-out

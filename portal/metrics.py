@@ -20,8 +20,8 @@ from prometheus_client.core import CollectorRegistry, CounterMetricFamily, Gauge
 
 from billing.models import Transfer
 from billing.selectors import ledger_health
-from billing.services.metering import db_now
 from billing.tasks import METERING_TICK_SECONDS_KEY
+from core.clock import db_now
 from provisioner.models import Node, Session
 
 MICROS = 1_000_000

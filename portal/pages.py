@@ -15,27 +15,16 @@ from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.db.models import Sum
 from django.db.models.functions import TruncDate
-from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from billing import selectors as billing_selectors
-from billing.errors import ApplicationError, ValidationFailed
 from billing.models import Account, Entry, LedgerAccount, Transfer
+from core.errors import ApplicationError, ValidationFailed
 from portal.selectors import account_managed_by, accounts_payable_by
-
-
-def _account(request: HttpRequest) -> Account:
-    """The account the page is about: ``?account=<id>`` among those the caller may pay with."""
-    wanted = request.GET.get("account") or request.POST.get("account")
-    accounts = accounts_payable_by(user=request.user)
-    if not wanted:
-        return request.user.account
-    for account in accounts:
-        if str(account.pk) == wanted:
-            return account
-    raise Http404
+from portal.shortcuts import account_or_404
 
 
 def daily_spend(*, account: Account, days: int = 30) -> list[tuple[str, int]]:
@@ -80,7 +69,7 @@ def _money_context(request: HttpRequest, account: Account) -> dict:
 
 @login_required
 def wallet(request: HttpRequest) -> HttpResponse:
-    account = _account(request)
+    account = account_or_404(request)
     if request.method == "POST":
         from billing.services.topups import amount_parse, topup_create
 
@@ -123,7 +112,7 @@ class _Echo:
 @login_required
 def wallet_statement_csv(request: HttpRequest) -> StreamingHttpResponse:
     """The account's whole ledger history as CSV (streamed, any length)."""
-    account = _account(request)
+    account = account_or_404(request)
     entries = billing_selectors.ledger_entries(account=account, kind=request.GET.get("kind") or None)
     writer = csv.writer(_Echo())
 
@@ -152,7 +141,7 @@ def wallet_statement_csv(request: HttpRequest) -> StreamingHttpResponse:
 
 @login_required
 def funds_live(request: HttpRequest) -> HttpResponse:
-    account = _account(request)
+    account = account_or_404(request)
     return render(request, "includes/funds.html", _money_context(request, account))
 
 
@@ -161,7 +150,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
     from portal.selectors import team_list_for_user
     from portal.session_pages import running_sessions
 
-    account = _account(request)
+    account = account_or_404(request)
     context = _money_context(request, account) | {
         "teams": team_list_for_user(user=request.user),
         "spend": daily_spend(account=account),
@@ -193,7 +182,7 @@ def cards(request: HttpRequest) -> HttpResponse:
     from billing.models import Card
     from billing.services import cards as card_services
 
-    account = _account(request)
+    account = account_or_404(request)
     if request.method == "POST":
         action = request.POST.get("action")
         try:

@@ -93,20 +93,9 @@ class Refusal:
 Resolver = Callable[[str, str], Route | Refusal | None]
 
 
-def _default_resolver(django_session_key: str, session_id: str) -> Route | Refusal | None:
-    from django.db import close_old_connections
-
-    from portal.selectors import jupyter_route
-
-    try:
-        return jupyter_route(django_session_key=django_session_key, session_id=session_id)
-    finally:
-        close_old_connections()  # as the end of a request does: a pooled connection goes back to the pool
-
-
 class JupyterProxy:
-    def __init__(self, resolver: Resolver | None = None, fallback=None):
-        self._resolve_sync = resolver or _default_resolver
+    def __init__(self, resolver: Resolver, fallback=None):
+        self._resolve_sync = resolver
         self._resolve = sync_to_async(self._resolve_sync, thread_sensitive=False)
         self._cache: dict[tuple[str, str], tuple[float, Route | Refusal | None]] = {}
         self.pool = UpstreamPool()

@@ -13,8 +13,8 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, Stream
 from django.shortcuts import render
 from django.utils.translation import gettext as _
 
-from billing.errors import ValidationFailed
 from billing.models import Account
+from core.errors import ValidationFailed
 from portal import reports
 from portal.selectors import team_get_for_member
 

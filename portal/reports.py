@@ -24,8 +24,8 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from billing.errors import ValidationFailed
 from billing.models import CARD_UNIT, Account, AuditEntry
+from core.errors import ValidationFailed
 
 GROUPINGS = ("user", "team", "gpu_model", "profile")
 BUCKETS = ("day", "week", "month")

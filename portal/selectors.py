@@ -4,12 +4,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from django.conf import settings
+from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY
+from django.contrib.sessions.backends.base import SessionBase
+from django.db import close_old_connections
 from django.db.models import QuerySet
+from django.utils.crypto import constant_time_compare
+from django.utils.module_loading import import_string
 
 from billing import selectors as billing_selectors
 from billing.models import Account
+from core.errors import NotFound
 from portal.models import Membership, Team, TeamInvite, User
-from provisioner.services import quotas
+from portal.proxy import Refusal, Route
+from provisioner import quotas
+from provisioner.selectors import session_jupyter_target
 
 
 def team_list_for_user(*, user: User) -> QuerySet[Team]:
@@ -68,6 +77,14 @@ def team_overview(*, team: Team) -> dict:
     }
 
 
+def account_chosen(*, user: User, wanted: str | None) -> Account | None:
+    """The account a page is about: ``wanted`` (an id, as ``?account=`` carries it) among those the user
+    may pay with, their own when nothing is asked, None for any other."""
+    if not wanted:
+        return user.account
+    return next((a for a in accounts_payable_by(user=user) if str(a.pk) == wanted), None)
+
+
 def accounts_payable_by(*, user: User) -> list[Account]:
     """The accounts a user may launch on: their own and those of teams they belong to."""
     accounts = [user.account] if user.account_id else []
@@ -77,7 +94,7 @@ def accounts_payable_by(*, user: User) -> list[Account]:
 
 def account_managed_by(*, user: User, account: Account) -> bool:
     """Whether ``user`` may move ``account``'s money and cards (split, gift, revoke, top up): their own
-    account, or a team's where they are an owner or admin (``settings.ACCOUNT_MANAGER_SELECTOR``)."""
+    account, or a team's where they are an owner or admin (registered as billing's rule)."""
     if account.kind == Account.Kind.USER:
         return account.pk == user.account_id
     return Membership.objects.filter(
@@ -87,12 +104,6 @@ def account_managed_by(*, user: User, account: Account) -> bool:
 
 def user_for_django_session(*, django_session_key: str) -> User | None:
     """The logged-in, active user of a Django session key (as the cookie carries it), or None."""
-    from django.conf import settings
-    from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY
-    from django.contrib.sessions.backends.base import SessionBase
-    from django.utils.crypto import constant_time_compare
-    from django.utils.module_loading import import_string
-
     if not django_session_key:
         return None
     store: SessionBase = import_string(f"{settings.SESSION_ENGINE}.SessionStore")(django_session_key)
@@ -116,10 +127,6 @@ def jupyter_route(*, django_session_key: str, session_id: str):
     """For the Jupyter proxy: a Route to the running session of the cookie's user, a Refusal (the
     session is theirs but not running: show its page), or None (no such session, or not theirs: the
     same 404 either way)."""
-    from billing.errors import NotFound
-    from portal.proxy import Refusal, Route
-    from provisioner.selectors import session_jupyter_target
-
     user = user_for_django_session(django_session_key=django_session_key)
     if user is None:
         return None
@@ -131,3 +138,11 @@ def jupyter_route(*, django_session_key: str, session_id: str):
         upstream, token = target
         return Route(upstream=upstream, token=token)
     return Refusal(status=409, state=target.state, session_url=f"/sessions/{target.id}/")
+
+
+def jupyter_route_resolve(django_session_key: str, session_id: str) -> Route | Refusal | None:
+    """The Jupyter proxy's resolver: ``jupyter_route`` on a connection given back after each call."""
+    try:
+        return jupyter_route(django_session_key=django_session_key, session_id=session_id)
+    finally:
+        close_old_connections()  # as the end of a request does: a pooled connection goes back to the pool

@@ -15,12 +15,12 @@ from django.utils.text import slugify
 from django.utils.translation import gettext as _
 
 from billing.audit import audit_record
-from billing.errors import Conflict, Forbidden, NotFound, ValidationFailed
 from billing.models import Account
 from billing.permissions import TEAM_ROLE_REQUIRED
+from core.errors import Conflict, Forbidden, NotFound, ValidationFailed
 from portal.models import AccessToken, Membership, Team, TeamInvite, User
+from provisioner import quotas
 from provisioner.models import Quota
-from provisioner.services import quotas
 
 INVITE_ALPHABET = "ABCDEFGHJKMNPQRSTVWXYZ23456789"
 

@@ -22,10 +22,10 @@ from django.utils.translation import gettext_lazy
 from django.views.decorators.http import require_POST
 
 from billing import selectors as billing_selectors
-from billing.errors import ApplicationError, NotFound
 from billing.models import Account, Entry, LedgerAccount
-from portal.pages import _account
+from core.errors import ApplicationError, NotFound
 from portal.selectors import accounts_payable_by
+from portal.shortcuts import account_or_404
 from provisioner import messages as M
 from provisioner import selectors as prov_selectors
 from provisioner.models import SLOTS_PER_GPU, Device, DeviceSample, Node, Session
@@ -107,7 +107,7 @@ def _number(text: str, *, field: str) -> float | None:
     try:
         value = float(text)
     except ValueError:
-        from billing.errors import ValidationFailed
+        from core.errors import ValidationFailed
 
         raise ValidationFailed(_("%(field)s must be a number.") % {"field": field}) from None
     return value
@@ -117,7 +117,7 @@ def _number(text: str, *, field: str) -> float | None:
 def launch(request: HttpRequest) -> HttpResponse:
     from provisioner.services.sessions import session_launch
 
-    account = _account(request)
+    account = account_or_404(request)
     catalog = prov_selectors.catalog()
     choice = _launch_choice(request, catalog)
     if request.method == "POST":

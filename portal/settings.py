@@ -275,9 +275,6 @@ CELERY_BEAT_SCHEDULE = {
 
 # --- billing settings (owned by billing) ---
 try:
-    PAYING_ACCOUNTS_SELECTOR = env("PAYING_ACCOUNTS_SELECTOR", "portal.selectors.accounts_payable_by")
-    # who may split, gift and revoke an account's cards and top it up (billing/permissions.py)
-    ACCOUNT_MANAGER_SELECTOR = "portal.selectors.account_managed_by"
     BILLING_RUNWAY_WARN_SECONDS = env("BILLING_RUNWAY_WARN_SECONDS", 600)
     BILLING_ADMISSION_MINUTES = env("BILLING_ADMISSION_MINUTES", 10)
     BILLING_POSTING_INTERVAL_SECONDS = env("BILLING_POSTING_INTERVAL_SECONDS", 60)

@@ -20,9 +20,9 @@ from django.urls import reverse
 from django.utils import translation
 from django.utils.translation import gettext as _
 
-from billing.errors import ApplicationError, Conflict, NotFound, RateLimited, ValidationFailed
 from billing.models import Card
 from billing.services.cards import card_redeem
+from core.errors import ApplicationError, Conflict, NotFound, RateLimited, ValidationFailed
 from portal.models import User
 from portal.services import user_create
 

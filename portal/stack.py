@@ -14,6 +14,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from agents.sandbox import SandboxUnavailable, probe
+from portal import embedded
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -45,8 +48,6 @@ def main() -> None:
         _fail(f"PORT={os.environ['PORT']!r} is not a port number.")
     os.environ["WEB_PORT"] = str(port)
     os.environ.setdefault("SITE_URL", f"http://{host}:{port}")
-
-    from portal import embedded
 
     data = embedded.data_dir()
     data.mkdir(parents=True, exist_ok=True)
@@ -80,8 +81,6 @@ def main() -> None:
     # The demo agents hide the portal's data folder (PostgreSQL, Redis, node tokens) from notebooks.
     os.environ.setdefault("AGENT_SANDBOX_HIDE", str(data))
     if not os.environ.get("AGENT_SANDBOX"):
-        from agents.sandbox import SandboxUnavailable, probe
-
         try:
             probe(shutil.which("bwrap"))
         except SandboxUnavailable as exc:

@@ -17,8 +17,8 @@ from django.utils.translation import gettext as _
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
-from billing.errors import ApplicationError, ValidationFailed
 from billing.services.topups import amount_parse
+from core.errors import ApplicationError, ValidationFailed
 from portal import selectors, services
 from portal import signup as signup_services
 from portal.forms import ProfileForm, SignupForm, TeamCreateForm, TeamInviteForm, TeamJoinForm

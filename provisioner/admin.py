@@ -8,7 +8,8 @@ from django import forms
 from django.contrib import admin, messages
 from django.utils.html import format_html, format_html_join
 
-from billing.errors import ApplicationError
+from core.admin import ReadOnlyAdmin
+from core.errors import ApplicationError
 from provisioner import messages as M
 from provisioner import selectors
 from provisioner.models import (
@@ -23,20 +24,9 @@ from provisioner.models import (
     Session,
     SessionEvent,
 )
+from provisioner.quotas import LIMIT_FIELDS, quota_set
 from provisioner.services.nodes import device_force_free, device_set_sharing_policy, node_set_state
-from provisioner.services.quotas import LIMIT_FIELDS, quota_set
 from provisioner.services.sessions import session_stop
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
 
 def _report(modeladmin, request, done: int, failures: list[str], verb: str) -> None:

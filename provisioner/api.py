@@ -20,16 +20,16 @@ from rest_framework.response import Response
 from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
-from billing.errors import ApplicationError, NotFound, ValidationFailed
 from billing.models import Account
-from portal.auth import StaffOnly
+from core.errors import ApplicationError, NotFound, ValidationFailed
+from core.permissions import StaffOnly
 from provisioner import messages as M
 from provisioner import selectors
 from provisioner import serializers as io
 from provisioner.models import DeviceSample, Node, Quota, Session, SessionEvent
+from provisioner.quotas import quota_set
 from provisioner.services.heartbeats import heartbeat_record, heartbeat_validate
 from provisioner.services.nodes import node_by_token, node_enroll, node_set_state
-from provisioner.services.quotas import quota_set
 from provisioner.services.sessions import session_launch, session_stop
 
 S = Session.State

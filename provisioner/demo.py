@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 from billing.services.pricing import price_set
-from portal.demo import register_step
 from provisioner.management.commands.node import write_token_file
 from provisioner.models import Environment, GpuModel, Node, Profile
 from provisioner.sealing import token_hash
@@ -105,11 +104,9 @@ def seed(*, data_dir: Path | str) -> dict:
     return done
 
 
-@register_step
-def demo_fleet(*, url: str) -> list[str]:
-    from portal.embedded import data_dir
-
-    done = seed(data_dir=data_dir())
+def demo_fleet(*, url: str, data_dir: Path) -> list[str]:
+    """The lines ``make run`` prints about what this step seeded (idempotent)."""
+    done = seed(data_dir=data_dir)
     lines = [f"GPU models:         {', '.join(done['gpu_models'])}"]
     for name, node in done["nodes"].items():
         lines.append(f"node {name}:        {node['address']} (token {node['token']}: {node['token_file']})")

@@ -371,15 +371,14 @@ class Quota(models.Model):
             return f"member quota of {self.user} in {self.account}"
         return f"quota of {self.user or self.account}"
 
+    LIMIT_FIELDS = (
+        "max_eighths",
+        "max_sessions",
+        "allowed_gpu_models",
+        "allowed_profiles",
+        "max_session_seconds",
+        "monthly_spend_cap_micros",
+    )
+
     def limits(self) -> dict:
-        return {
-            f: getattr(self, f)
-            for f in (
-                "max_eighths",
-                "max_sessions",
-                "allowed_gpu_models",
-                "allowed_profiles",
-                "max_session_seconds",
-                "monthly_spend_cap_micros",
-            )
-        }
+        return {f: getattr(self, f) for f in self.LIMIT_FIELDS}

@@ -7,11 +7,12 @@ import statistics
 import uuid
 from dataclasses import dataclass
 
-from django.db.models import QuerySet
+from django.db.models import Count, QuerySet
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from billing.errors import NotFound
+from billing.rules import accounts_payable_by
+from core.errors import NotFound
 from provisioner.models import (
     SLOTS_PER_GPU,
     AllocationSlot,
@@ -113,6 +114,28 @@ def session_jupyter_target(*, user, session_id) -> tuple[str, str] | Session:
     return session
 
 
+def queue_order(sessions: list[Session], *, served: dict[int, int] | None = None) -> list[Session]:
+    """FCFS within a priority, round-robin between accounts: the n-th waiting session of every account
+    goes before the (n+1)-th of any. ``served`` (account id → sessions it has on nodes now) counts
+    towards n, so an account just served waits behind one that was not, from one dispatch to the next."""
+    rank: dict[int, int] = dict(served or {})
+    keyed = []
+    for session in sorted(sessions, key=lambda s: (s.queued_at or s.created_at, str(s.id))):
+        rank[session.account_id] = rank.get(session.account_id, 0) + 1
+        keyed.append(((-session.queue_priority, rank[session.account_id], session.queued_at), session))
+    return [s for _key, s in sorted(keyed, key=lambda pair: pair[0])]
+
+
+def queue_served(*, account_ids) -> dict[int, int]:
+    """For ``queue_order``: how many sessions each of these accounts has on nodes now."""
+    rows = (
+        Session.objects.filter(account_id__in=set(account_ids), state__in=Session.ON_NODE)
+        .values("account_id")
+        .annotate(n=Count("id"))
+    )
+    return {row["account_id"]: row["n"] for row in rows}
+
+
 @dataclass(frozen=True)
 class QueuePlace:
     position: int  # 1 = next
@@ -122,8 +145,6 @@ class QueuePlace:
 def queue_place(*, session: Session) -> QueuePlace | None:
     """Where a queued session stands among those waiting for the same GPU model, and a rough wait:
     position × the median recent session length ÷ the model's devices. None unless queued."""
-    from provisioner.services.sessions import queue_order, queue_served
-
     if session.state != Session.State.QUEUED:
         return None
     waiting = list(Session.objects.filter(state=Session.State.QUEUED, gpu_model=session.gpu_model_id))
@@ -156,7 +177,7 @@ def slot_map(*, device: Device) -> list[str | None]:
 
 def availability() -> dict[tuple[str, str], int]:
     """For each (gpu model, profile): how many more sessions would fit right now (no locks)."""
-    from provisioner.services.placement import free_index, request_for
+    from provisioner.placement import free_index, request_for
 
     found: dict[tuple[str, str], int] = {}
     profiles = {p.name: p for p in Profile.objects.all()}
@@ -239,8 +260,7 @@ def quota_usage(*, user) -> dict:
     """The user's own limits and what they use of them, and for each team they pay with, the team's and
     their member cap. For 'users can see their own quota'."""
     from billing.models import Account
-    from provisioner.services import quotas
-    from provisioner.services.sessions import _paying_accounts
+    from provisioner import quotas
 
     def pack(limits, usage) -> dict:
         return {
@@ -253,7 +273,7 @@ def quota_usage(*, user) -> dict:
         }
 
     answer = {"user": pack(quotas.limits_for_user(user=user), quotas.usage_of_user(user=user)), "teams": []}
-    for account in _paying_accounts(user):
+    for account in accounts_payable_by(user=user):
         if account.kind != Account.Kind.TEAM:
             continue
         answer["teams"].append(

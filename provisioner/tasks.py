@@ -51,15 +51,24 @@ def _fail_start(session: Session, reason: str) -> None:
         workload_delete_task.delay(session.node_id, str(session.id))
 
 
-@shared_task(bind=True, max_retries=None, acks_late=True)
-def session_start_task(self, session_id: str) -> str:
-    """PUT the workload on its node's agent (idempotent there too), then poll until it runs."""
+def _session_to_start(session_id: str) -> Session | str:
+    """The session, while it is still to be started; else what the task answers: "skip" (gone, or
+    moved on meanwhile) or "timeout" (it took too long, and is failed now)."""
     session = _session(session_id)
     if session is None or session.state not in (S.PLACING, S.STARTING):
         return "skip"
     if _start_expired(session):
         _fail_start(session, line(M.START_TIMEOUT, seconds=settings.SESSION_START_TIMEOUT_SECONDS))
         return "timeout"
+    return session
+
+
+@shared_task(bind=True, max_retries=None, acks_late=True)
+def session_start_task(self, session_id: str) -> str:
+    """PUT the workload on its node's agent (idempotent there too), then poll until it runs."""
+    session = _session_to_start(session_id)
+    if isinstance(session, str):
+        return session
     try:
         agent_client.workload_put(session.node, workload_spec(session))
     except agent_client.AgentRefusal as exc:
@@ -76,12 +85,9 @@ def session_start_task(self, session_id: str) -> str:
 @shared_task(bind=True, max_retries=None, acks_late=True)
 def session_poll_task(self, session_id: str, attempt: int = 0) -> str:
     """Until the session runs (or fails, or times out): GET its workload from the agent."""
-    session = _session(session_id)
-    if session is None or session.state not in (S.PLACING, S.STARTING):
-        return "skip"
-    if _start_expired(session):
-        _fail_start(session, line(M.START_TIMEOUT, seconds=settings.SESSION_START_TIMEOUT_SECONDS))
-        return "timeout"
+    session = _session_to_start(session_id)
+    if isinstance(session, str):
+        return session
     try:
         status = agent_client.workload_get(session.node, session_id)
     except (agent_client.AgentUnreachable, agent_client.AgentRefusal) as exc:

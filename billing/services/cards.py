@@ -21,7 +21,6 @@ from django.utils.translation import gettext as _
 
 from billing.audit import audit_record
 from billing.codes import CodeMalformed, CodeMistyped, code_generate, code_hash, code_normalize
-from billing.errors import Conflict, NotFound, RateLimited, ValidationFailed
 from billing.models import (
     CARD_UNIT,
     Account,
@@ -40,7 +39,8 @@ from billing.services.ledger import (
     post_legs_locked,
     system_account,
 )
-from billing.services.metering import db_now
+from core.clock import db_now
+from core.errors import Conflict, NotFound, RateLimited, ValidationFailed
 
 GIFT_CODE_VALID_DAYS = 14
 MAX_BATCH = 10_000

@@ -16,8 +16,8 @@ from django.db import IntegrityError, transaction
 from django.utils.translation import gettext as _
 
 from billing.audit import audit_record
-from billing.errors import InsufficientFunds, ValidationFailed
 from billing.models import Account, Entry, LedgerAccount, Transfer
+from core.errors import InsufficientFunds, ValidationFailed
 
 IDEMPOTENCY_KEY_RE = re.compile(r"^[\x21-\x7e]{1,200}$")
 

@@ -23,12 +23,13 @@ from django.db import connection, transaction
 from django.utils.translation import gettext as _
 
 from billing import signals
-from billing.errors import Conflict, InsufficientFunds, NotFound, ValidationFailed
 from billing.models import CARD_UNIT, Account, LedgerAccount, Meter, Transfer
 from billing.selectors import account_funds
 from billing.services.ledger import money_unit, overdraft_for, system_account, wallet_for
 from billing.services.pricing import PriceQuote
 from billing.services.reconcile import account_hold_check
+from core.clock import db_now
+from core.errors import Conflict, InsufficientFunds, NotFound, ValidationFailed
 
 TICK_LOCK_KEY = 0x5A11B111  # pg advisory lock: one metering tick at a time
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -50,12 +51,6 @@ class TickResult:
     posted_meters: int
     transfers: int
     exhausted_session_refs: list[str]
-
-
-def db_now() -> datetime:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT clock_timestamp()")
-        return cursor.fetchone()[0]
 
 
 def _bulk_cursor() -> psycopg.Cursor:

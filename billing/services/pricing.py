@@ -18,8 +18,8 @@ from django.db.models.functions import Now
 from django.utils.translation import gettext as _
 
 from billing.audit import audit_record
-from billing.errors import NotFound, ValidationFailed
 from billing.models import CardBurnRate, Price
+from core.errors import NotFound, ValidationFailed
 
 WHOLE = "whole"
 CPU = "cpu"

@@ -28,9 +28,9 @@ from django.utils import translation
 from django.utils.translation import gettext as _
 
 from billing.audit import audit_record
-from billing.errors import Conflict, ValidationFailed
 from billing.models import Account, Entry, LedgerHold, Notification
 from billing.services.ledger import lock_accounts
+from core.errors import Conflict, ValidationFailed
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,6 @@ from django.db.models.functions import Now
 from django.utils.translation import gettext as _
 
 from billing.audit import audit_record
-from billing.errors import ValidationFailed
 from billing.models import Account, LedgerAccount, StripeEvent, TopUp, TopUpDispute, Transfer
 from billing.permissions import topup_manager_require
 from billing.services.ledger import (
@@ -33,6 +32,7 @@ from billing.services.ledger import (
     system_account,
     wallet_for,
 )
+from core.errors import ValidationFailed
 
 log = logging.getLogger(__name__)
 

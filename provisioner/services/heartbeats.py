@@ -16,7 +16,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from billing.errors import Conflict, ValidationFailed
+from core.errors import Conflict, ValidationFailed
 from provisioner import messages as M
 from provisioner.messages import line
 from provisioner.models import Allocation, Device, DeviceSample, GpuModel, Node, Session

@@ -11,7 +11,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
 from billing.audit import audit_record
-from billing.errors import Conflict, NotFound, ValidationFailed
+from core.errors import Conflict, NotFound, ValidationFailed
 from provisioner import messages as M
 from provisioner.models import Device, Node, Session
 from provisioner.sealing import new_token, seal, token_hash, unseal

@@ -24,18 +24,20 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
-from django.utils.module_loading import import_string
 from django.utils.translation import gettext as _
 
-from billing.errors import ApplicationError, NotFound, ValidationFailed
 from billing.models import Account
+from billing.rules import accounts_payable_by
 from billing.services.ledger import idempotency_key_check
+from core.errors import ApplicationError, NotFound, ValidationFailed
+from provisioner import enqueue
 from provisioner import messages as M
 from provisioner.messages import line
 from provisioner.models import Environment, GpuModel, Node, Profile, Session, SessionEvent
+from provisioner.placement import allocation_free, allocation_place, cpu_node_pick, free_index
+from provisioner.quotas import quota_admit, quota_subjects
 from provisioner.sealing import new_token, seal
-from provisioner.services.placement import allocation_free, allocation_place, cpu_node_pick, free_index
-from provisioner.services.quotas import quota_admit, quota_subjects
+from provisioner.selectors import queue_order, queue_served
 
 log = logging.getLogger("provisioner.sessions")
 S = Session.State
@@ -123,11 +125,6 @@ def _catalog(
     return model, profile_obj, env
 
 
-def _paying_accounts(user) -> list[Account]:
-    selector = getattr(settings, "PAYING_ACCOUNTS_SELECTOR", "portal.selectors.accounts_payable_by")
-    return list(import_string(selector)(user=user))
-
-
 def _seconds(value, *, field: str, default: float, unit: int) -> int:
     if value is None:
         value = default
@@ -169,7 +166,7 @@ def session_launch(
         if existing is not None:
             return existing
     model, profile_obj, env = _catalog(gpu_model=gpu_model, profile=profile, environment=environment)
-    if account.id not in {a.id for a in _paying_accounts(user)}:
+    if account.id not in {a.id for a in accounts_payable_by(user=user)}:
         raise NotFound(_("No such account."), fields={"account": "not one you may pay with"})
     max_seconds = _seconds(
         max_hours, field="max_hours", default=settings.SESSION_DEFAULT_MAX_HOURS, unit=3600
@@ -246,7 +243,7 @@ def session_launch(
                     to_state=S.PLACING,
                 )
             )
-            _queue_start(session.id)
+            enqueue.session_start(session.id)
         else:
             events.append(
                 SessionEvent(
@@ -299,14 +296,8 @@ def _place(session: Session, *, model: GpuModel | None, profile: Profile) -> boo
     ):
         allocation_free(session_id=session.id)  # stopped or cancelled meanwhile: give the slots back
         return False
-    _queue_start(session.id)
+    enqueue.session_start(session.id)
     return True
-
-
-def _queue_start(session_id) -> None:
-    from provisioner.tasks import session_start_task
-
-    transaction.on_commit(lambda: session_start_task.delay(str(session_id)))
 
 
 # --- stop and end ------------------------------------------------------------------------------------
@@ -323,10 +314,7 @@ def session_stop(*, session: Session, actor, reason: str) -> Session:
         if _transition(session.id, from_states=[S.QUEUED], to=S.STOPPED, reason=cancelled):
             pass
         elif _transition(session.id, from_states=list(Session.ON_NODE), to=S.STOPPING, reason=stopping):
-            from provisioner.tasks import session_stop_task
-
-            sid = str(session.id)
-            transaction.on_commit(lambda: session_stop_task.delay(sid))
+            enqueue.session_stop(session.id)
     session.refresh_from_db()
     return session
 
@@ -351,14 +339,8 @@ def session_end(
                 session_ref=str(session_id), ended_at=min(ended_at, last_alive) if last_alive else ended_at
             )
         if free and allocation_free(session_id=session_id):
-            _queue_dispatch()
+            enqueue.queue_dispatch()
     return True
-
-
-def _queue_dispatch() -> None:
-    from provisioner.tasks import queue_dispatch_task
-
-    transaction.on_commit(lambda: queue_dispatch_task.delay())
 
 
 def session_freed_after_gone(*, session_ids) -> int:
@@ -368,7 +350,7 @@ def session_freed_after_gone(*, session_ids) -> int:
         for session_id in session_ids:
             freed += allocation_free(session_id=session_id)
         if freed:
-            _queue_dispatch()
+            enqueue.queue_dispatch()
     return freed
 
 
@@ -418,30 +400,6 @@ def session_start_failed(*, session_id, reason: str) -> bool:
 
 
 # --- the queue ---------------------------------------------------------------------------------------
-
-
-def queue_order(sessions: list[Session], *, served: dict[int, int] | None = None) -> list[Session]:
-    """FCFS within a priority, round-robin between accounts: the n-th waiting session of every account
-    goes before the (n+1)-th of any. ``served`` (account id → sessions it has on nodes now) counts
-    towards n, so an account just served waits behind one that was not, from one dispatch to the next."""
-    rank: dict[int, int] = dict(served or {})
-    keyed = []
-    for session in sorted(sessions, key=lambda s: (s.queued_at or s.created_at, str(s.id))):
-        rank[session.account_id] = rank.get(session.account_id, 0) + 1
-        keyed.append(((-session.queue_priority, rank[session.account_id], session.queued_at), session))
-    return [s for _key, s in sorted(keyed, key=lambda pair: pair[0])]
-
-
-def queue_served(*, account_ids) -> dict[int, int]:
-    """For ``queue_order``: how many sessions each of these accounts has on nodes now."""
-    from django.db.models import Count
-
-    rows = (
-        Session.objects.filter(account_id__in=set(account_ids), state__in=Session.ON_NODE)
-        .values("account_id")
-        .annotate(n=Count("id"))
-    )
-    return {row["account_id"]: row["n"] for row in rows}
 
 
 def queue_dispatch(*, now: datetime | None = None) -> int:

@@ -28,8 +28,9 @@ from billing.services.cards import (
     card_split,
 )
 from billing.services.ledger import system_account
-from billing.services.metering import db_now, meter_alive, meter_cost, meter_open, metering_tick
+from billing.services.metering import meter_alive, meter_cost, meter_open, metering_tick
 from billing.services.pricing import price_quote
+from core.clock import db_now
 from portal.services import user_create
 from tests.billing.conftest import A100, assert_ledger_invariants
 

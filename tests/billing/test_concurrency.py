@@ -13,13 +13,14 @@ import stripe
 from django.db import connection
 from django.test import override_settings
 
-from billing.errors import ApplicationError
 from billing.models import Card, LedgerAccount, TopUp, Transfer
 from billing.services.cards import card_batch_issue, card_redeem, card_split
 from billing.services.ledger import wallet_for
-from billing.services.metering import db_now, meter_alive, meter_open, metering_tick
+from billing.services.metering import meter_alive, meter_open, metering_tick
 from billing.services.pricing import price_quote
 from billing.services.topups import topup_webhook_handle
+from core.clock import db_now
+from core.errors import ApplicationError
 from portal.services import user_create
 from tests.billing.conftest import A100, assert_ledger_invariants, fund, make_account, seed_prices
 

@@ -8,13 +8,13 @@ from django.core import mail
 from django.db import DatabaseError, connection, transaction
 from django.test import Client
 
-from billing.errors import Conflict, ValidationFailed
 from billing.models import AuditEntry, Entry, LedgerHold, Notification, Transfer
 from billing.services.ledger import wallet_adjust, wallet_for
 from billing.services.metering import account_can_launch
 from billing.services.pricing import price_quote
 from billing.services.reconcile import ledger_findings, ledger_hold_resolve, ledger_reconcile
 from billing.tasks import ledger_reconcile_task
+from core.errors import Conflict, ValidationFailed
 from portal.services import user_create
 from tests.billing.conftest import A100, assert_ledger_invariants, fund, make_account, seed_prices
 

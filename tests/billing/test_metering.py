@@ -5,7 +5,6 @@ from datetime import timedelta
 import pytest
 
 from billing import signals
-from billing.errors import InsufficientFunds, NotFound
 from billing.models import Meter
 from billing.services.ledger import wallet_for
 from billing.services.metering import (
@@ -18,6 +17,7 @@ from billing.services.metering import (
     metering_tick,
 )
 from billing.services.pricing import price_quote
+from core.errors import InsufficientFunds, NotFound
 from tests.billing.conftest import A100, assert_ledger_invariants, fund, make_account
 
 pytestmark = pytest.mark.django_db

@@ -13,7 +13,6 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from billing.errors import ApplicationError
 from billing.models import CARD_UNIT, Card, LedgerAccount
 from billing.services.cards import (
     card_batch_issue,
@@ -24,8 +23,10 @@ from billing.services.cards import (
     card_split,
 )
 from billing.services.ledger import system_account, wallet_adjust
-from billing.services.metering import db_now, meter_alive, meter_close, meter_open, metering_tick
+from billing.services.metering import meter_alive, meter_close, meter_open, metering_tick
 from billing.services.pricing import price_quote
+from core.clock import db_now
+from core.errors import ApplicationError
 from portal.services import user_create
 from tests.billing.conftest import A100, assert_ledger_invariants, fund, make_account, seed_prices
 

@@ -15,12 +15,12 @@ import stripe
 from django.db import connection
 from django.test import Client
 
-from billing.errors import InsufficientFunds
 from billing.models import LedgerAccount, StripeEvent, TopUp, TopUpDispute, Transfer
 from billing.services.ledger import overdraft_for, system_account, wallet_adjust, wallet_for
 from billing.services.metering import account_can_launch
 from billing.services.pricing import price_quote
 from billing.services.topups import topup_webhook_handle
+from core.errors import InsufficientFunds
 from tests.billing.conftest import A100, assert_ledger_invariants, make_account, seed_prices
 
 SECRET = "whsec_lifecycle"

@@ -9,12 +9,14 @@ Screenshots of each main page at desktop and phone width go to test-artifacts/.
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import pytest
 
 from portal.services import user_create
 from provisioner.models import Session
+from provisioner.sealing import unseal
 from tests.browser.steps import (
     DESKTOP,
     a100_offer,
@@ -73,6 +75,15 @@ def test_invite_code_to_a_notebook_on_a_quarter_gpu_and_back(browser, stack, off
     wait_for(lambda: _cost(page) != first, timeout=20, what="the cost to rise on the page")
 
     lab = context.new_page()
+    seen = []  # what the browser received: every URL, header and JSON or HTML body
+
+    def record(response):
+        seen.append(response.url + repr(response.headers))
+        if response.headers.get("content-type", "").startswith(("application/json", "text/html")):
+            with contextlib.suppress(Exception):  # a body the page navigated away from
+                seen.append(response.text())
+
+    lab.on("response", record)
     lab.goto(f"/jupyter/{session_id}/lab")
     lab.locator(".jp-LauncherCard[data-category='Notebook']").first.click(timeout=90_000)
     try:
@@ -88,7 +99,12 @@ def test_invite_code_to_a_notebook_on_a_quarter_gpu_and_back(browser, stack, off
         lab.screenshot(path=str(artifacts_dir / "jupyterlab-failed.png"))
         raise
     assert f"GPU {session.device.uuid}" in output.inner_text()
-    assert session.jupyter_token_sealed not in lab.content()
+    # The Jupyter token stays between the agent and JupyterLab: nothing the browser got carries it.
+    jupyter_token = unseal(session.jupyter_token_sealed)
+    assert seen and any("/api/" in text for text in seen)
+    assert not [text[:200] for text in seen if jupyter_token in text]
+    assert jupyter_token not in lab.content()
+    assert not [c for c in context.cookies() if jupyter_token in c["value"]]
     lab.screenshot(path=str(artifacts_dir / "jupyterlab-desktop.png"))
 
     stranger = user_create(username="eve", email="eve@example.com", password="another-passphrase-7")

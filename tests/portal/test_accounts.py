@@ -4,7 +4,7 @@ import pytest
 from django.core import mail
 from django.urls import reverse
 
-from billing.errors import ValidationFailed
+from core.errors import ValidationFailed
 from portal.models import User
 from portal.services import user_create
 

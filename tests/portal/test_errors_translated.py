@@ -13,8 +13,8 @@ from billing.services.pricing import price_set
 from billing.services.topups import wallet_credit_promotion
 from portal.services import access_token_create, user_create
 from provisioner.models import Device, Environment, GpuModel, Profile, Session
+from provisioner.quotas import quota_set
 from provisioner.services.nodes import node_enroll
-from provisioner.services.quotas import quota_set
 
 pytestmark = pytest.mark.django_db
 

@@ -12,7 +12,7 @@ from billing.services.topups import wallet_credit_promotion
 from portal.models import Membership
 from portal.services import access_token_create, team_create, team_invite_create, user_create
 from provisioner.models import Quota
-from provisioner.services.quotas import quota_set
+from provisioner.quotas import quota_set
 
 pytestmark = pytest.mark.django_db
 

@@ -3,7 +3,7 @@ import threading
 import pytest
 from django.db import connection
 
-from billing.errors import Conflict, Forbidden, NotFound
+from core.errors import Conflict, Forbidden, NotFound
 from portal.models import Membership, TeamInvite
 from portal.services import (
     team_create,

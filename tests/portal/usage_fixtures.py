@@ -6,8 +6,9 @@ from __future__ import annotations
 from datetime import timedelta
 
 from billing.models import Meter
-from billing.services.metering import db_now, meter_alive, meter_close, meter_open
+from billing.services.metering import meter_alive, meter_close, meter_open
 from billing.services.pricing import price_quote
+from core.clock import db_now
 from provisioner.models import Environment, GpuModel, Profile, Session
 
 SLICES = {"whole": 8, "1/2": 4, "1/4": 2, "1/8": 1}

@@ -181,6 +181,7 @@ def catalog(db):
 @pytest.fixture
 def sent_tasks(monkeypatch):
     """Celery tasks the code under test sends (name, args), recorded instead of reaching the broker."""
+    from celery import Celery
     from celery.app.task import Task
 
     sent: list[tuple[str, tuple]] = []
@@ -188,5 +189,9 @@ def sent_tasks(monkeypatch):
     def record(self, args=None, kwargs=None, **options):
         sent.append((self.name.rsplit(".", 1)[-1], tuple(args or ())))
 
+    def record_by_name(app, name, args=None, kwargs=None, **options):
+        sent.append((name.rsplit(".", 1)[-1], tuple(args or ())))
+
     monkeypatch.setattr(Task, "apply_async", record)
+    monkeypatch.setattr(Celery, "send_task", record_by_name)
     return sent

@@ -170,7 +170,7 @@ def team_make(owner, *, members=(), funded_micros: int = PLENTY_MICROS) -> Team:
 
 def no_start_task(monkeypatch) -> None:
     """Launches queue ``session_start_task`` after commit; these tests drive no agents and no broker."""
-    monkeypatch.setattr("provisioner.services.sessions._queue_start", lambda session_id: None)
+    monkeypatch.setattr("provisioner.enqueue.session_start", lambda session_id: None)
 
 
 def launch(

@@ -12,8 +12,8 @@ from billing.models import AuditEntry, LedgerHold
 from billing.services.ledger import overdraft_for, system_account, transfer_post, wallet_for
 from portal.services import access_token_create, team_create
 from provisioner.models import Allocation, Node, Quota, Session
+from provisioner.quotas import quota_set
 from provisioner.sealing import unseal
-from provisioner.services.quotas import quota_set
 from tests.provisioner.conftest import (
     A100,
     ENV,

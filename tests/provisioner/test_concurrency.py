@@ -14,11 +14,12 @@ from concurrent.futures import ThreadPoolExecutor, wait
 import pytest
 from django.db import OperationalError, connection
 
-from billing.errors import ApplicationError, QuotaExceeded
+from core.errors import ApplicationError, QuotaExceeded
 from provisioner.models import Allocation, AllocationSlot, Device, Session
-from provisioner.services.placement import aligned_starts
-from provisioner.services.quotas import quota_set
-from provisioner.services.sessions import queue_dispatch, queue_order, session_end
+from provisioner.placement import aligned_starts
+from provisioner.quotas import quota_set
+from provisioner.selectors import queue_order
+from provisioner.services.sessions import queue_dispatch, session_end
 from tests.provisioner.factories import (
     A100,
     catalog_make,
@@ -150,7 +151,7 @@ def test_a_gpu_share_quota_holds_under_simultaneous_launches(ten_gpus):
 def test_launches_ends_and_dispatches_at_once_never_deadlock(ten_gpus, monkeypatch):
     """Sixty threads: most launch, some end random placed sessions (freeing slots), some run the queue
     dispatch; all finish, and no slot is held twice."""
-    monkeypatch.setattr("provisioner.services.sessions._queue_dispatch", lambda: None)
+    monkeypatch.setattr("provisioner.enqueue.queue_dispatch", lambda: None)
     users = [user_make() for _ in range(60)]
     rng = random.Random(7)
     profiles = rng.choices(["1/8", "1/4", "1/2", "whole"], k=60)

@@ -8,9 +8,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from provisioner import models as provisioner_models
+from provisioner import placement
 from provisioner.models import Allocation, AllocationSlot, Device, Node, Session
-from provisioner.services import placement
-from provisioner.services.placement import (
+from provisioner.placement import (
     BEST_START,
     BINPACK,
     EXCLUSIVE,

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from billing.errors import NotFound, QuotaExceeded, ValidationFailed
 from billing.models import AuditEntry, Meter
 from billing.services.metering import meter_open
 from billing.services.pricing import price_quote
+from core.errors import NotFound, QuotaExceeded, ValidationFailed
 from provisioner.models import Allocation, AllocationSlot, Quota, Session
-from provisioner.services.quotas import (
+from provisioner.quotas import (
     limits_for_member,
     limits_for_user,
     members_of_account,

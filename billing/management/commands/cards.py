@@ -12,8 +12,8 @@ from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
 from billing.codes import codes_csv
-from billing.errors import ApplicationError
 from billing.services.cards import card_batch_issue
+from core.errors import ApplicationError
 
 
 def _hours(text: str) -> int:

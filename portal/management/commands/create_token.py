@@ -3,7 +3,7 @@ prints a new personal access token once."""
 
 from django.core.management.base import BaseCommand, CommandError
 
-from billing.errors import ApplicationError
+from core.errors import ApplicationError
 from portal.models import AccessToken, User
 from portal.services import access_token_create
 

@@ -1,6 +1,5 @@
 """Seed the demo: an admin, a student, a team lead with a team. Passwords are generated on every run
-and printed, never fixed. Other apps add their part of the demo (fleet, prices, card batches) through
-``portal.demo`` steps."""
+and printed, never fixed. ``portal.demo`` runs the other apps' parts (fleet, prices, card batches)."""
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ import secrets
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
-from portal import demo
+from portal import demo, embedded
 
 
 class Command(BaseCommand):
@@ -25,7 +24,7 @@ class Command(BaseCommand):
                 password = secrets.token_urlsafe(9)
                 demo.ensure_user(username=username, password=password, is_staff=staff)
                 logins[username] = password
-            lines = demo.run_steps(url=url)
+            lines = demo.run_steps(url=url, data_dir=embedded.data_dir())
         self.stdout.write("")
         self.stdout.write(f"  Suanli is starting at {url}/")
         self.stdout.write(f"  admin pages:        {url}/admin/")

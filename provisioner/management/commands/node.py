@@ -9,7 +9,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from billing.errors import ApplicationError
+from core.errors import ApplicationError
 from provisioner.models import Node, Session
 from provisioner.services.nodes import node_enroll, node_set_state
 

@@ -20,18 +20,11 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
 from billing.audit import audit_record
-from billing.errors import QuotaExceeded, ValidationFailed
 from billing.models import Account
+from core.errors import QuotaExceeded, ValidationFailed
 from provisioner.models import Profile, Quota, Session
 
-LIMIT_FIELDS = (
-    "max_eighths",
-    "max_sessions",
-    "allowed_gpu_models",
-    "allowed_profiles",
-    "max_session_seconds",
-    "monthly_spend_cap_micros",
-)
+LIMIT_FIELDS = Quota.LIMIT_FIELDS
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The one family of domain errors every service raises.
 
-It lives in billing because billing is the bottom layer (portal and provisioner import it; it imports
-neither). One handler (``portal.errors``) turns these into HTTP answers with the standard error body
+It lives in core, the bottom layer: every app imports it and it imports none of them. One handler
+(``portal.errors``) turns these into HTTP answers with the standard error body
 ``{"error": {"code", "message", "fields"}}``; pages show ``message`` to the user.
 """
 
