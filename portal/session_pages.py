@@ -26,8 +26,8 @@ from billing.models import Account, Entry, LedgerAccount
 from core.errors import ApplicationError, NotFound
 from portal.selectors import accounts_payable_by
 from portal.shortcuts import account_or_404
-from provisioner import messages as M
 from provisioner import selectors as prov_selectors
+from provisioner.messages import message
 from provisioner.models import SLOTS_PER_GPU, Device, DeviceSample, Node, Session
 
 S = Session.State
@@ -337,7 +337,7 @@ def session_stop_view(request: HttpRequest, session_id) -> HttpResponse:
 
     session = _session(request, session_id)
     try:
-        session_stop(session=session, actor=request.user, reason=M.FROM_SESSION_PAGE)
+        session_stop(session=session, actor=request.user, reason=message("from_session_page"))
     except ApplicationError as exc:
         messages.error(request, exc.message)
     else:

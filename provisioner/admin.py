@@ -10,8 +10,8 @@ from django.utils.html import format_html, format_html_join
 
 from core.admin import ReadOnlyAdmin
 from core.errors import ApplicationError
-from provisioner import messages as M
 from provisioner import selectors
+from provisioner.messages import message
 from provisioner.models import (
     Allocation,
     Device,
@@ -252,7 +252,7 @@ class SessionAdmin(ReadOnlyAdmin):
     def force_stop(self, request, queryset):
         stopped = 0
         for session in queryset.filter(state__in=Session.LIVE):
-            session_stop(session=session, actor=request.user, reason=M.FORCED_BY_ADMIN)
+            session_stop(session=session, actor=request.user, reason=message("forced_by_admin"))
             stopped += 1
         self.message_user(request, f"Asked {stopped} sessions to stop.", messages.SUCCESS)
 

@@ -23,9 +23,9 @@ from rest_framework.views import APIView
 from billing.models import Account
 from core.errors import ApplicationError, NotFound, ValidationFailed
 from core.permissions import StaffOnly
-from provisioner import messages as M
 from provisioner import selectors
 from provisioner import serializers as io
+from provisioner.messages import message
 from provisioner.models import DeviceSample, Node, Quota, Session, SessionEvent
 from provisioner.quotas import quota_set
 from provisioner.services.heartbeats import heartbeat_record, heartbeat_validate
@@ -241,7 +241,9 @@ class SessionStopView(APIView):
     def post(self, request: Request, session_id: str) -> Response:
         session = _session_for(request, session_id)
         fields = _valid(io.StopIn, request.data)
-        session_stop(session=session, actor=request.user, reason=fields["reason"] or M.ASKED_BY_OWNER)
+        session_stop(
+            session=session, actor=request.user, reason=fields["reason"] or message("asked_by_owner")
+        )
         return Response(session_detail_body(_session_for(request, session_id)))
 
 

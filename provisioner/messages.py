@@ -1,87 +1,121 @@
 """The lines people read about their sessions: lifecycle events and the reason of the last transition.
 
-They are written by workers, heartbeats and sweeps, where no reader's language is known, so they are
-stored in English as written (the admin, the logs and the API's ``reason`` read them as they are), each
-made from one of the templates below by ``line``. A page shows them with ``line_translate``: it finds the
-template a stored line was made from, translates it into the active language, and translates its values
-the same way, so a stop's reason inside "Stop by …: …" is translated too. A line made from no template
-(an agent's own words, an old row) is shown as stored.
+They are written by workers, heartbeats and sweeps, where no reader's language is known, so a line is
+stored as a key of ``TEMPLATES`` and its parameters (``message``, ``message_columns``) and rendered when
+it is read, in the reader's language (``message_render``). A parameter that is itself a message, like a
+stop's reason inside "Stop by …: …", is stored nested and translated with it; one that is a name (a
+node, a user) or someone's own words (an agent's exit reason, an owner's reason to stop) is shown as
+given. The English rendering is stored beside the key for the admin, the logs and the API's ``reason``.
+A line with no key, or with a key this code no longer knows, is shown as that stored text.
 """
 
 from __future__ import annotations
 
-import functools
 import re
+from dataclasses import dataclass, field
 
 from django.utils.translation import gettext, gettext_noop
 
-LAUNCHED_BY = gettext_noop("Launched by %(user)s")
-PLACED_ON = gettext_noop("Placed on %(node)s")
-NO_ROOM = gettext_noop("No free %(gpu_model)s %(profile)s right now: waiting in the queue.")
-CANCELLED = gettext_noop("Cancelled: %(why)s")
-CANCELLED_BY = gettext_noop("Cancelled by %(actor)s: %(why)s")
-STOP = gettext_noop("Stop: %(why)s")
-STOP_BY = gettext_noop("Stop by %(actor)s: %(why)s")
-STARTING = gettext_noop("The agent is starting Jupyter")
-RUNNING = gettext_noop("Jupyter is running")
-STOPPED = gettext_noop("Stopped")
-QUEUE_TIMEOUT = gettext_noop("Waited longer than %(minutes)s minutes in the queue")
-LONGEST_REACHED = gettext_noop("longest session time reached")
-IDLE_FOR = gettext_noop("idle for %(minutes)s minutes")
-IDLE_WARNING = gettext_noop("No activity: this session stops in about %(minutes)s minutes unless used.")
-FUNDS_EXHAUSTED = gettext_noop("funds exhausted")
-ASKED_BY_OWNER = gettext_noop("asked by its owner")
-FROM_SESSION_PAGE = gettext_noop("from the session page")
-FORCED_BY_ADMIN = gettext_noop("forced by an admin")
-NODE_DRAINED = gettext_noop("node drained by an admin")
-JUPYTER_EXITED = gettext_noop("Jupyter exited: %(why)s")
-JUPYTER_EXITED_PLAIN = gettext_noop("Jupyter exited")
-WORKLOAD_FAILED = gettext_noop("the workload failed")
-FAILED_ON = gettext_noop("Failed on %(node)s: %(why)s")
-NODE_SILENT = gettext_noop("Node %(node)s stopped answering (no heartbeat since %(time)s)")
-START_TIMEOUT = gettext_noop("Jupyter did not start within %(seconds)s s")
-NODE_REFUSED = gettext_noop("The node refused the workload (%(code)s): %(why)s")
-COULD_NOT_START = gettext_noop("Jupyter could not start: %(why)s")
-
-TEMPLATES = [value for name, value in sorted(globals().items()) if name.isupper() and isinstance(value, str)]
+TEMPLATES: dict[str, str] = {
+    "launched_by": gettext_noop("Launched by %(user)s"),
+    "placed_on": gettext_noop("Placed on %(node)s"),
+    "no_room": gettext_noop("No free %(gpu_model)s %(profile)s right now: waiting in the queue."),
+    "cancelled": gettext_noop("Cancelled: %(why)s"),
+    "cancelled_by": gettext_noop("Cancelled by %(actor)s: %(why)s"),
+    "stop": gettext_noop("Stop: %(why)s"),
+    "stop_by": gettext_noop("Stop by %(actor)s: %(why)s"),
+    "starting": gettext_noop("The agent is starting Jupyter"),
+    "running": gettext_noop("Jupyter is running"),
+    "stopped": gettext_noop("Stopped"),
+    "queue_timeout": gettext_noop("Waited longer than %(minutes)s minutes in the queue"),
+    "longest_reached": gettext_noop("longest session time reached"),
+    "idle_for": gettext_noop("idle for %(minutes)s minutes"),
+    "idle_warning": gettext_noop("No activity: this session stops in about %(minutes)s minutes unless used."),
+    "funds_exhausted": gettext_noop("funds exhausted"),
+    "asked_by_owner": gettext_noop("asked by its owner"),
+    "from_session_page": gettext_noop("from the session page"),
+    "forced_by_admin": gettext_noop("forced by an admin"),
+    "node_drained": gettext_noop("node drained by an admin"),
+    "jupyter_exited": gettext_noop("Jupyter exited: %(why)s"),
+    "jupyter_exited_plain": gettext_noop("Jupyter exited"),
+    "workload_failed": gettext_noop("the workload failed"),
+    "failed_on": gettext_noop("Failed on %(node)s: %(why)s"),
+    "node_silent": gettext_noop("Node %(node)s stopped answering (no heartbeat since %(time)s)"),
+    "start_timeout": gettext_noop("Jupyter did not start within %(seconds)s s"),
+    "node_refused": gettext_noop("The node refused the workload (%(code)s): %(why)s"),
+    "could_not_start": gettext_noop("Jupyter could not start: %(why)s"),
+}
+KEY_MAX_LENGTH = 32
+TEXT_PARAM_MAX_LENGTH = 300  # an agent's words are its own: kept, but not without end
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s")
 
 
-def line(template: str, **values) -> str:
-    """The stored (English) line: ``template`` with ``values``."""
-    return template % {name: str(value) for name, value in values.items()}
+@dataclass(frozen=True)
+class Message:
+    """A line to store: a key of ``TEMPLATES`` and its parameters as JSON (a name to a string or a
+    number, or to a nested message ``{"key": …, "params": {…}}``). Made by ``message``."""
+
+    key: str
+    params: dict = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return _render(self.key, self.params, translate=_as_written)
 
 
-def _pattern(template: str) -> re.Pattern:
-    parts = _PLACEHOLDER.split(template)  # literal, name, literal, name, …, literal
-    regex = "".join(re.escape(part) if i % 2 == 0 else f"(?P<{part}>.+?)" for i, part in enumerate(parts))
-    return re.compile(f"^{regex}$", re.DOTALL)
+def message(key: str, **params: str | int | Message) -> Message:
+    """The line ``key`` with ``params``; raises ValueError for an unknown key or parameters that are not
+    exactly the template's, so a writer's mistake fails where it is made rather than on a page."""
+    if key not in TEMPLATES:
+        raise ValueError(f"unknown message key {key!r}")
+    wanted = set(_PLACEHOLDER.findall(TEMPLATES[key]))
+    if set(params) != wanted:
+        raise ValueError(f"message {key!r} takes {sorted(wanted)}, not {sorted(params)}")
+    return Message(key, {name: _param(value) for name, value in params.items()})
 
 
-# Templates with more literal text first, so "Stop by %(actor)s: …" wins over "Stop: …".
-_PATTERNS = sorted(
-    ((template, _pattern(template)) for template in TEMPLATES),
-    key=lambda pair: -len(_PLACEHOLDER.sub("", pair[0])),
-)
+def _param(value: str | int | Message) -> str | int | dict:
+    if isinstance(value, Message):
+        return {"key": value.key, "params": value.params}
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return str(value)[:TEXT_PARAM_MAX_LENGTH]
 
 
-@functools.lru_cache(maxsize=4096)
-def _parse(stored: str) -> tuple[str, tuple[tuple[str, str], ...]] | None:
-    for template, pattern in _PATTERNS:
-        match = pattern.match(stored)
-        if match:
-            return template, tuple(match.groupdict().items())
-    return None
+def message_columns(value: Message | str) -> tuple[str, dict, str]:
+    """What a row stores for ``value``: (key, params, English text). Free text is ("", {}, text)."""
+    if isinstance(value, Message):
+        return value.key, value.params, str(value)
+    return "", {}, value
 
 
-def line_translate(stored: str, *, depth: int = 2) -> str:
-    """``stored`` in the active language when it was made from a template here, else as it is."""
-    if not stored:
+def message_load(key: str, params: dict, stored: str) -> Message | str:
+    """A stored line back as the ``Message`` it was written from, or as its text when it has no key
+    this code knows or parameters that no longer fit (to store it again elsewhere, as it was)."""
+    try:
+        _render(key, params or {}, translate=_as_written)
+    except (KeyError, TypeError, ValueError):
         return stored
-    parsed = _parse(stored)
-    if parsed is None:
+    return Message(key, params or {})
+
+
+def message_render(key: str, params: dict, *, stored: str = "") -> str:
+    """The line in the active language; ``stored`` when it has no key this code knows, or parameters
+    that no longer fit its template."""
+    try:
+        return _render(key, params or {}, translate=gettext)
+    except (KeyError, TypeError, ValueError):
         return stored
-    template, values = parsed
-    if depth > 0:
-        values = tuple((name, line_translate(value, depth=depth - 1)) for name, value in values)
-    return gettext(template) % dict(values)
+
+
+def _as_written(template: str) -> str:
+    return template
+
+
+def _render(key: str, params: dict, *, translate) -> str:
+    values = {
+        name: _render(value["key"], value.get("params") or {}, translate=translate)
+        if isinstance(value, dict)
+        else value
+        for name, value in params.items()
+    }
+    return translate(TEMPLATES[key]) % values

@@ -14,6 +14,8 @@ from django.db import models
 from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
+from provisioner.messages import KEY_MAX_LENGTH, message_render
+
 SLOTS_PER_GPU = 8
 
 
@@ -207,7 +209,11 @@ class Session(models.Model):
     profile = models.ForeignKey(Profile, on_delete=models.PROTECT, related_name="+")
     environment = models.ForeignKey(Environment, on_delete=models.PROTECT, related_name="+")
     state = models.CharField(max_length=10, choices=State.choices, default=State.QUEUED)
+    # Why the last transition happened: a key of provisioner.messages and its parameters, rendered in the
+    # reader's language; ``reason`` is its English text (free text when there is no key).
     reason = models.CharField(max_length=300, blank=True, help_text="Why the last transition happened.")
+    reason_key = models.CharField(max_length=KEY_MAX_LENGTH, blank=True)
+    reason_params = models.JSONField(default=dict, blank=True)
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)
 
     node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.PROTECT, related_name="sessions")
@@ -268,6 +274,11 @@ class Session(models.Model):
         return str(self.id)
 
     @property
+    def reason_display(self) -> str:
+        """The reason of the last transition in the active language."""
+        return message_render(self.reason_key, self.reason_params, stored=self.reason)
+
+    @property
     def base_url(self) -> str:
         return f"/jupyter/{self.id}/"
 
@@ -318,7 +329,10 @@ class SessionEvent(models.Model):
     from_state = models.CharField(max_length=10, blank=True)
     to_state = models.CharField(max_length=10, blank=True)
     kind = models.CharField(max_length=32)
+    # As Session.reason: a key of provisioner.messages and its parameters; ``message`` is the English text.
     message = models.CharField(max_length=500)
+    message_key = models.CharField(max_length=KEY_MAX_LENGTH, blank=True)
+    message_params = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["at", "id"]
@@ -326,6 +340,11 @@ class SessionEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind}: {self.message}"
+
+    @property
+    def message_display(self) -> str:
+        """The line in the active language."""
+        return message_render(self.message_key, self.message_params, stored=self.message)
 
 
 class Quota(models.Model):

@@ -11,8 +11,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from provisioner import agent_client
-from provisioner import messages as M
-from provisioner.messages import line
+from provisioner.messages import Message, message, message_load
 from provisioner.models import Node, Session
 from provisioner.selectors import workload_spec
 from provisioner.services import sessions as lifecycle
@@ -46,7 +45,7 @@ def _start_expired(session: Session) -> bool:
     return timezone.now() - since > timedelta(seconds=settings.SESSION_START_TIMEOUT_SECONDS)
 
 
-def _fail_start(session: Session, reason: str) -> None:
+def _fail_start(session: Session, reason: Message | str) -> None:
     if lifecycle.session_start_failed(session_id=session.id, reason=reason):
         workload_delete_task.delay(session.node_id, str(session.id))
 
@@ -58,7 +57,7 @@ def _session_to_start(session_id: str) -> Session | str:
     if session is None or session.state not in (S.PLACING, S.STARTING):
         return "skip"
     if _start_expired(session):
-        _fail_start(session, line(M.START_TIMEOUT, seconds=settings.SESSION_START_TIMEOUT_SECONDS))
+        _fail_start(session, message("start_timeout", seconds=settings.SESSION_START_TIMEOUT_SECONDS))
         return "timeout"
     return session
 
@@ -72,7 +71,7 @@ def session_start_task(self, session_id: str) -> str:
     try:
         agent_client.workload_put(session.node, workload_spec(session))
     except agent_client.AgentRefusal as exc:
-        _fail_start(session, line(M.NODE_REFUSED, code=exc.code, why=exc.message))
+        _fail_start(session, message("node_refused", code=exc.code, why=exc.message))
         return "refused"
     except agent_client.AgentUnreachable as exc:
         log.warning("start %s: %s", session_id, exc)
@@ -100,7 +99,7 @@ def session_poll_task(self, session_id: str, attempt: int = 0) -> str:
         lifecycle.session_mark_running(session_id=session.id, upstream=status.get("upstream") or "")
         return "running"
     if status.get("state") in ("exited", "failed"):
-        _fail_start(session, line(M.COULD_NOT_START, why=status.get("exit_reason") or status.get("state")))
+        _fail_start(session, message("could_not_start", why=status.get("exit_reason") or status.get("state")))
         return "failed"
     self.apply_async((session_id, attempt + 1), countdown=_poll_countdown(attempt + 1))
     return "waiting"
@@ -120,9 +119,13 @@ def session_stop_task(self, session_id: str) -> str:
     except (agent_client.AgentUnreachable, agent_client.AgentRefusal) as exc:
         log.warning("stop %s: %s", session_id, exc)
         raise self.retry(countdown=_backoff(self.request.retries))
-    lifecycle.session_end(
-        session_id=session.id, to=S.STOPPED, reason=session.reason or M.STOPPED, from_states=[S.STOPPING]
+    # Stopped for the reason it was asked to stop for.
+    reason = (
+        message_load(session.reason_key, session.reason_params, session.reason)
+        if session.reason
+        else message("stopped")
     )
+    lifecycle.session_end(session_id=session.id, to=S.STOPPED, reason=reason, from_states=[S.STOPPING])
     return "stopped"
 
 
@@ -154,5 +157,5 @@ def sessions_enforce_limits_task() -> dict:
     counts = lifecycle.sessions_enforce_limits()
     cutoff = timezone.now() - timedelta(seconds=settings.SESSION_START_TIMEOUT_SECONDS)
     for session in Session.objects.filter(state__in=[S.PLACING, S.STARTING], placed_at__lt=cutoff):
-        _fail_start(session, line(M.START_TIMEOUT, seconds=settings.SESSION_START_TIMEOUT_SECONDS))
+        _fail_start(session, message("start_timeout", seconds=settings.SESSION_START_TIMEOUT_SECONDS))
     return counts

@@ -40,14 +40,6 @@ def state_label(state: str) -> str:
 
 
 @register.filter
-def session_line(stored: str) -> str:
-    """A session's lifecycle event or reason, stored in English, in the user's language."""
-    from provisioner.messages import line_translate
-
-    return line_translate(stored)
-
-
-@register.filter
 def amount(micros: int | None) -> str:
     """``12345678`` micros → ``12.35``: an amount for a form field, without the currency symbol."""
     if micros is None:

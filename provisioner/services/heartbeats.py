@@ -17,8 +17,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from core.errors import Conflict, ValidationFailed
-from provisioner import messages as M
-from provisioner.messages import line
+from provisioner.messages import message
 from provisioner.models import Allocation, Device, DeviceSample, GpuModel, Node, Session
 from provisioner.selectors import desired_workloads
 from provisioner.services import sessions as lifecycle
@@ -373,13 +372,13 @@ def _record_workloads(node: Node, workloads: list[dict], now: datetime) -> None:
                 lifecycle.session_mark_starting(session_id=sid)
         elif state in ("exited", "failed"):
             why = status.get("exit_reason") or (
-                M.JUPYTER_EXITED_PLAIN if state == "exited" else M.WORKLOAD_FAILED
+                message("jupyter_exited_plain") if state == "exited" else message("workload_failed")
             )
             if session.state == S.RUNNING and state == "exited":
                 lifecycle.session_end(
                     session_id=sid,
                     to=S.STOPPED,
-                    reason=line(M.JUPYTER_EXITED, why=why),
+                    reason=message("jupyter_exited", why=why),
                     from_states=[S.RUNNING],
                     ended_at=now,
                 )
@@ -387,13 +386,17 @@ def _record_workloads(node: Node, workloads: list[dict], now: datetime) -> None:
                 lifecycle.session_end(
                     session_id=sid,
                     to=S.FAILED,
-                    reason=line(M.FAILED_ON, node=node.name, why=why),
+                    reason=message("failed_on", node=node.name, why=why),
                     from_states=list(Session.ON_NODE),
                     ended_at=now,
                 )
             elif session.state == S.STOPPING:
                 lifecycle.session_end(
-                    session_id=sid, to=S.STOPPED, reason=M.STOPPED, from_states=[S.STOPPING], ended_at=now
+                    session_id=sid,
+                    to=S.STOPPED,
+                    reason=message("stopped"),
+                    from_states=[S.STOPPING],
+                    ended_at=now,
                 )
     if alive:
         meter_alive(session_refs=alive, alive_at=now)
@@ -410,7 +413,7 @@ def _record_workloads(node: Node, workloads: list[dict], now: datetime) -> None:
         .values_list("id", flat=True)
     ):
         lifecycle.session_end(
-            session_id=sid, to=S.STOPPED, reason=M.STOPPED, from_states=[S.STOPPING], ended_at=now
+            session_id=sid, to=S.STOPPED, reason=message("stopped"), from_states=[S.STOPPING], ended_at=now
         )
     gone = (
         Allocation.objects.filter(session__node=node, session__state__in=Session.ENDED)
@@ -476,7 +479,7 @@ def nodes_liveness_sweep(*, now: datetime | None = None) -> list[str]:
                 continue
             lifecycle.node_sessions_lost(
                 node=node,
-                reason=line(M.NODE_SILENT, node=node.name, time=f"{node.last_heartbeat_at:%H:%M:%S}"),
+                reason=message("node_silent", node=node.name, time=f"{node.last_heartbeat_at:%H:%M:%S}"),
             )
         down.append(node.name)
     return down

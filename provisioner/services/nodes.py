@@ -12,7 +12,7 @@ from django.utils.translation import gettext_lazy
 
 from billing.audit import audit_record
 from core.errors import Conflict, NotFound, ValidationFailed
-from provisioner import messages as M
+from provisioner.messages import message
 from provisioner.models import Device, Node, Session
 from provisioner.sealing import new_token, seal, token_hash, unseal
 
@@ -129,7 +129,7 @@ def node_set_state(*, node_id: int, action: str, actor=None, reason: str = "") -
         )
         if target == Node.State.DRAINING:
             for session in Session.objects.filter(node=node, state__in=Session.ON_NODE):
-                session_stop(session=session, actor=actor, reason=reason or M.NODE_DRAINED)
+                session_stop(session=session, actor=actor, reason=reason or message("node_drained"))
     return node
 
 

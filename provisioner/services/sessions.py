@@ -31,8 +31,7 @@ from billing.rules import accounts_payable_by
 from billing.services.ledger import idempotency_key_check
 from core.errors import ApplicationError, NotFound, ValidationFailed
 from provisioner import enqueue
-from provisioner import messages as M
-from provisioner.messages import line
+from provisioner.messages import Message, message, message_columns
 from provisioner.models import Environment, GpuModel, Node, Profile, Session, SessionEvent
 from provisioner.placement import allocation_free, allocation_place, cpu_node_pick, free_index
 from provisioner.quotas import quota_admit, quota_subjects
@@ -53,14 +52,27 @@ _TIMESTAMP = {
 }
 
 
-def session_event(*, session_id, kind: str, message: str, from_state: str = "", to_state: str = "") -> None:
+def _event_fields(line: Message | str) -> dict:
+    key, params, text = message_columns(line)
+    return {"message_key": key, "message_params": params, "message": text[:500]}
+
+
+def _reason_fields(reason: Message | str) -> dict:
+    key, params, text = message_columns(reason)
+    return {"reason_key": key, "reason_params": params, "reason": text[:300]}
+
+
+def session_event(
+    *, session_id, kind: str, line: Message | str, from_state: str = "", to_state: str = ""
+) -> None:
+    """Add a line to a session's history: a message (rendered in the reader's language) or free text."""
     SessionEvent.objects.create(
-        session_id=session_id, kind=kind, message=message[:500], from_state=from_state, to_state=to_state
+        session_id=session_id, kind=kind, from_state=from_state, to_state=to_state, **_event_fields(line)
     )
 
 
 def _transition(
-    session_id, *, from_states, to: str, reason: str, at: datetime | None = None, **fields
+    session_id, *, from_states, to: str, reason: Message | str, at: datetime | None = None, **fields
 ) -> str | None:
     """Move a session from one of ``from_states`` to ``to`` by a conditional update; returns the state it
     left, or None when it was in none of them (someone else moved it first)."""
@@ -71,12 +83,10 @@ def _transition(
             return None
         stamp = {_TIMESTAMP[to]: at} if to in _TIMESTAMP else {}
         moved = Session.objects.filter(id=session_id, state=current).update(
-            state=to, reason=reason[:300], **stamp, **fields
+            state=to, **_reason_fields(reason), **stamp, **fields
         )
         if moved:
-            session_event(
-                session_id=session_id, kind="state", message=reason, from_state=current, to_state=to
-            )
+            session_event(session_id=session_id, kind="state", line=reason, from_state=current, to_state=to)
             return current
     return None
 
@@ -214,7 +224,7 @@ def session_launch(
             profile=profile_obj,
             environment=env,
             state=S.PLACING if placed else S.QUEUED,
-            reason=placed["reason"] if placed else "",
+            **(_reason_fields(placed["reason"]) if placed else {}),
             idempotency_key=idempotency_key or None,
             jupyter_token_sealed=seal(new_token()),
             price_id=quote.price_id,
@@ -230,7 +240,10 @@ def session_launch(
         )
         events = [
             SessionEvent(
-                session=session, kind="launch", message=line(M.LAUNCHED_BY, user=user), to_state=S.QUEUED
+                session=session,
+                kind="launch",
+                to_state=S.QUEUED,
+                **_event_fields(message("launched_by", user=str(user))),
             )
         ]
         if placed:
@@ -238,9 +251,9 @@ def session_launch(
                 SessionEvent(
                     session=session,
                     kind="state",
-                    message=placed["reason"],
                     from_state=S.QUEUED,
                     to_state=S.PLACING,
+                    **_event_fields(placed["reason"]),
                 )
             )
             enqueue.session_start(session.id)
@@ -249,7 +262,7 @@ def session_launch(
                 SessionEvent(
                     session=session,
                     kind="queue",
-                    message=line(M.NO_ROOM, gpu_model=model_name, profile=profile),
+                    **_event_fields(message("no_room", gpu_model=model_name, profile=profile)),
                 )
             )
         SessionEvent.objects.bulk_create(events)
@@ -264,7 +277,7 @@ def _placement(session_id, *, model: GpuModel | None, profile: Profile, candidat
         node = cpu_node_pick()
         if node is None:
             return None
-        return {"fields": {"node": node}, "reason": line(M.PLACED_ON, node=node.name)}
+        return {"fields": {"node": node}, "reason": message("placed_on", node=node.name)}
     placed = allocation_place(session_id=session_id, gpu_model=model, profile=profile, index=candidates)
     if placed is None:
         return None
@@ -280,7 +293,7 @@ def _placement(session_id, *, model: GpuModel | None, profile: Profile, candidat
         "slot_count": placed.slot_count,
         "sharing_policy": policy,
     }
-    return {"fields": fields, "reason": line(M.PLACED_ON, node=placed.where.node_name)}
+    return {"fields": fields, "reason": message("placed_on", node=placed.where.node_name)}
 
 
 def _place(session: Session, *, model: GpuModel | None, profile: Profile) -> bool:
@@ -303,13 +316,16 @@ def _place(session: Session, *, model: GpuModel | None, profile: Profile) -> boo
 # --- stop and end ------------------------------------------------------------------------------------
 
 
-def session_stop(*, session: Session, actor, reason: str) -> Session:
+def session_stop(*, session: Session, actor, reason: Message | str) -> Session:
     """Ask a session to stop. Queued: cancelled at once (→ stopped). On a node: → stopping, and the stop
     task deletes the workload on the agent after commit. Already stopping or ended: unchanged.
-    Idempotent; a conditional update on the state, no locks held across the agent call."""
-    by = getattr(actor, "pk", None)
-    cancelled = line(M.CANCELLED_BY, actor=actor, why=reason) if by else line(M.CANCELLED, why=reason)
-    stopping = line(M.STOP_BY, actor=actor, why=reason) if by else line(M.STOP, why=reason)
+    ``reason``: a message, or someone's own words (shown as they are). Idempotent; a conditional update
+    on the state, no locks held across the agent call."""
+    if getattr(actor, "pk", None):
+        cancelled = message("cancelled_by", actor=str(actor), why=reason)
+        stopping = message("stop_by", actor=str(actor), why=reason)
+    else:
+        cancelled, stopping = message("cancelled", why=reason), message("stop", why=reason)
     with transaction.atomic():
         if _transition(session.id, from_states=[S.QUEUED], to=S.STOPPED, reason=cancelled):
             pass
@@ -320,7 +336,13 @@ def session_stop(*, session: Session, actor, reason: str) -> Session:
 
 
 def session_end(
-    *, session_id, to: str, reason: str, from_states=None, ended_at: datetime | None = None, free: bool = True
+    *,
+    session_id,
+    to: str,
+    reason: Message | str,
+    from_states=None,
+    ended_at: datetime | None = None,
+    free: bool = True,
 ) -> bool:
     """End a session (stopped, failed or lost): close its meter at the earlier of ``ended_at`` and the
     last time it was seen alive, free its slots unless ``free`` is False (lost: freed only when the
@@ -356,7 +378,10 @@ def session_freed_after_gone(*, session_ids) -> int:
 
 def session_mark_starting(*, session_id) -> bool:
     """The agent accepted the workload spec."""
-    return _transition(session_id, from_states=[S.PLACING], to=S.STARTING, reason=M.STARTING) is not None
+    return (
+        _transition(session_id, from_states=[S.PLACING], to=S.STARTING, reason=message("starting"))
+        is not None
+    )
 
 
 def session_mark_running(*, session_id, upstream: str, at: datetime | None = None) -> bool:
@@ -370,7 +395,7 @@ def session_mark_running(*, session_id, upstream: str, at: datetime | None = Non
             session_id,
             from_states=[S.PLACING, S.STARTING],
             to=S.RUNNING,
-            reason=M.RUNNING,
+            reason=message("running"),
             at=at,
             upstream=upstream or "",
             last_alive_at=at,
@@ -392,7 +417,7 @@ def session_mark_running(*, session_id, upstream: str, at: datetime | None = Non
     return True
 
 
-def session_start_failed(*, session_id, reason: str) -> bool:
+def session_start_failed(*, session_id, reason: Message | str) -> bool:
     """The agent refused the spec or Jupyter never came up: → failed, slots freed."""
     return session_end(
         session_id=session_id, to=S.FAILED, reason=reason, from_states=[S.PLACING, S.STARTING, S.RUNNING]
@@ -418,7 +443,7 @@ def queue_dispatch(*, now: datetime | None = None) -> int:
                 session_id=session.id,
                 to=S.FAILED,
                 from_states=[S.QUEUED],
-                reason=line(M.QUEUE_TIMEOUT, minutes=session.queue_max_wait_seconds // 60),
+                reason=message("queue_timeout", minutes=session.queue_max_wait_seconds // 60),
             )
     waiting = [s for s in waiting if Session.objects.filter(id=s.id, state=S.QUEUED).exists()]
     placed = 0
@@ -464,7 +489,7 @@ def sessions_enforce_limits(*, now: datetime | None = None) -> dict[str, int]:
     )
     for session_id, running_at, max_seconds, idle_seconds, last_active_at, warned_at in running:
         if running_at and now - running_at >= timedelta(seconds=max_seconds):
-            session_stop(session=Session(id=session_id), actor=None, reason=M.LONGEST_REACHED)
+            session_stop(session=Session(id=session_id), actor=None, reason=message("longest_reached"))
             counts["max_duration"] += 1
             continue
         if not idle_seconds:
@@ -474,7 +499,7 @@ def sessions_enforce_limits(*, now: datetime | None = None) -> dict[str, int]:
             session_stop(
                 session=Session(id=session_id),
                 actor=None,
-                reason=line(M.IDLE_FOR, minutes=int(idle_for) // 60),
+                reason=message("idle_for", minutes=int(idle_for) // 60),
             )
             counts["idle"] += 1
         elif (
@@ -486,7 +511,7 @@ def sessions_enforce_limits(*, now: datetime | None = None) -> dict[str, int]:
             session_event(
                 session_id=session_id,
                 kind="idle_warning",
-                message=line(M.IDLE_WARNING, minutes=max(1, left // 60)),
+                line=message("idle_warning", minutes=max(1, left // 60)),
             )
             counts["warned"] += 1
     return counts
@@ -501,12 +526,12 @@ def sessions_stop_for_funds(*, session_refs: list[str]) -> int:
         except ValueError:
             continue  # not one of ours (billing meters other references too)
         if session is not None and session.state in Session.LIVE:
-            session_stop(session=session, actor=None, reason=M.FUNDS_EXHAUSTED)
+            session_stop(session=session, actor=None, reason=message("funds_exhausted"))
             stopped += 1
     return stopped
 
 
-def node_sessions_lost(*, node: Node, reason: str) -> int:
+def node_sessions_lost(*, node: Node, reason: Message | str) -> int:
     """A node went down: its sessions on the node become lost, billed to their last alive time; their
     slots stay held until the agent confirms the workloads gone (or an admin force-frees)."""
     lost = 0

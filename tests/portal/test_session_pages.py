@@ -136,7 +136,7 @@ def test_a_chinese_reader_sees_the_lifecycle_in_chinese(fleet, django_capture_on
     with django_capture_on_commit_callbacks(execute=False):
         client.post("/launch/", {"gpu_model": "T4", "profile": "1/2", "environment": "python-3.11"})
     session = Session.objects.get(owner=user)
-    assert session.reason == "Placed on node-t"  # stored as written, in English
+    assert (session.reason_key, session.reason_params) == ("placed_on", {"node": "node-t"})
     page = client.get(f"/sessions/{session.id}/", HTTP_ACCEPT_LANGUAGE="zh-hans").content.decode()
     assert "已分配到 node-t" in page and "由 li 启动" in page
     assert "Placed on" not in page and "Launched by" not in page

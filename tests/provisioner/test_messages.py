@@ -1,4 +1,4 @@
-"""Session lines are stored in English and shown in the reader's language."""
+"""Session lines are stored as a message key and its parameters, and rendered in the reader's language."""
 
 from __future__ import annotations
 
@@ -7,39 +7,113 @@ import re
 import pytest
 from django.utils import translation
 
-from provisioner import messages as M
-from provisioner.messages import TEMPLATES, line, line_translate
+from provisioner.messages import TEMPLATES, message, message_columns, message_load, message_render
+from provisioner.models import Session, SessionEvent
+from provisioner.services.sessions import session_launch, session_stop
+from tests.provisioner.conftest import A100, ENV, make_node, make_user
 
 VALUES = {"user": "alice", "node": "node-a", "gpu_model": "A100-SXM4-80GB", "profile": "1/4", "why": "oops",
-          "actor": "bob", "minutes": "15", "seconds": "300", "code": "409", "time": "12:00:01"}  # fmt: skip
+          "actor": "bob", "minutes": 15, "seconds": 300, "code": "409", "time": "12:00:01"}  # fmt: skip
 
 
-def _filled(template: str) -> str:
-    return line(template, **{name: VALUES[name] for name in re.findall(r"%\((\w+)\)s", template)})
+def _filled(key: str):
+    return message(key, **{name: VALUES[name] for name in re.findall(r"%\((\w+)\)s", TEMPLATES[key])})
 
 
-@pytest.mark.parametrize("template", TEMPLATES)
-def test_every_line_reads_back_as_stored_in_english_and_translated_in_chinese(template):
-    stored = _filled(template)
+def _zh(key: str, params: dict, stored: str = "") -> str:
+    with translation.override("zh-hans"):
+        return message_render(key, params, stored=stored)
+
+
+@pytest.mark.parametrize("key", sorted(TEMPLATES))
+def test_every_message_renders_as_its_english_text_and_in_chinese(key):
+    stored_key, params, english = message_columns(_filled(key))
     with translation.override("en"):
-        assert line_translate(stored) == stored
+        assert message_render(stored_key, params, stored=english) == english
+    shown = _zh(stored_key, params, english)
+    assert shown != english, f"no Chinese for {key!r}"
+    for name in params:
+        assert str(VALUES[name]) in shown
+
+
+@pytest.fixture
+def session(catalog, sent_tasks):
+    make_node("node-a")
+    user = make_user("alice")
+    return session_launch(
+        user=user,
+        account=user.account,
+        gpu_model=A100,
+        profile="whole",
+        environment=ENV,
+        max_hours=1,
+        idle_minutes=30,
+        idempotency_key=None,
+    )
+
+
+def test_a_stored_event_renders_in_english_and_in_chinese(session):
+    placed = SessionEvent.objects.get(session=session, to_state="placing")
+    assert (placed.message_key, placed.message_params) == ("placed_on", {"node": "node-a"})
+    assert placed.message == "Placed on node-a"  # the English text, for the admin and the API
+    with translation.override("en"):
+        assert placed.message_display == "Placed on node-a"
     with translation.override("zh-hans"):
-        shown = line_translate(stored)
-    assert shown != stored, f"no Chinese for {template!r}"
-    for name in re.findall(r"%\((\w+)\)s", template):
-        assert VALUES[name] in shown
+        assert placed.message_display == "已分配到 node-a"
+        assert SessionEvent.objects.get(session=session, kind="launch").message_display == "由 alice 启动"
 
 
-def test_a_reason_inside_a_stop_line_is_translated_too():
-    stored = line(M.STOP_BY, actor="bob", why=M.FUNDS_EXHAUSTED)
-    assert stored == "Stop by bob: funds exhausted"
+def test_a_stop_reason_inside_a_stop_line_is_stored_nested_and_translated(session):
+    stopped = session_stop(session=session, actor=make_user("bob"), reason=message("funds_exhausted"))
+    assert stopped.reason == "Stop by bob: funds exhausted"
+    assert stopped.reason_key == "stop_by"
+    assert stopped.reason_params == {"actor": "bob", "why": {"key": "funds_exhausted", "params": {}}}
     with translation.override("zh-hans"):
-        shown = line_translate(stored)
-        assert translation.gettext(M.FUNDS_EXHAUSTED) in shown and "bob" in shown
-        assert "funds exhausted" not in shown
+        shown = Session.objects.get(id=session.id).reason_display
+        assert "bob" in shown and translation.gettext("funds exhausted") in shown
+        assert "funds exhausted" not in shown and "Stop by" not in shown
 
 
-def test_a_line_from_no_template_is_shown_as_stored():
+def test_names_are_shown_as_given_even_when_they_read_like_a_message():
+    # A node and a user that happen to be named like lines this portal writes: names are not translated.
     with translation.override("zh-hans"):
-        assert line_translate("the agent said something new") == "the agent said something new"
-        assert line_translate("") == ""
+        stopped = translation.gettext("Stopped")
+    placed = message("placed_on", node="Stopped")
+    assert "Stopped" in _zh(*message_columns(placed)) and stopped not in _zh(*message_columns(placed))
+    by = message("stop_by", actor="funds exhausted", why=message("funds_exhausted"))
+    shown = _zh(*message_columns(by))
+    assert shown.count("funds exhausted") == 1  # the user's name, and the reason translated
+
+
+def test_an_agents_own_words_are_shown_as_they_are(session):
+    exited = message("jupyter_exited", why="exit code 1: CUDA error: out of memory")
+    assert "exit code 1: CUDA error: out of memory" in _zh(*message_columns(exited))
+    session_stop(session=session, actor=None, reason="done for today")  # an owner's own reason
+    session.refresh_from_db()
+    assert session.reason_params == {"why": "done for today"}
+    with translation.override("zh-hans"):
+        assert "done for today" in session.reason_display and "Stop" not in session.reason_display
+
+
+def test_free_text_and_unknown_keys_are_shown_as_stored():
+    assert message_columns("the agent said something new") == ("", {}, "the agent said something new")
+    assert _zh("", {}, "the agent said something new") == "the agent said something new"
+    assert _zh("a_key_from_a_later_release", {"x": 1}, "as written") == "as written"
+    assert _zh("stop", {"why": {"key": "no_such_reason", "params": {}}}, "Stop: later") == "Stop: later"
+    assert _zh("placed_on", {}, "Placed on n") == "Placed on n"  # parameters that no longer fit
+    assert _zh("", {}, "") == ""
+
+
+def test_a_writer_that_names_no_such_message_or_the_wrong_parameters_fails_at_once():
+    with pytest.raises(ValueError, match="unknown message key"):
+        message("stoped")
+    with pytest.raises(ValueError, match="takes"):
+        message("stop_by", actor="bob")
+
+
+def test_a_stored_line_loads_back_as_its_message_or_else_as_its_text():
+    stop = message("stop", why=message("funds_exhausted"))
+    assert message_load(*message_columns(stop)) == stop
+    assert message_load("", {}, "the agent said so") == "the agent said so"
+    assert message_load("a_key_from_a_later_release", {}, "as written") == "as written"
+    assert message_load("placed_on", {}, "Placed on n") == "Placed on n"
