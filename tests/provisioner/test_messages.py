@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import importlib
 import re
 
 import pytest
+from django.apps import apps
 from django.utils import translation
 
 from provisioner.messages import TEMPLATES, message, message_columns, message_load, message_render
 from provisioner.models import Session, SessionEvent
 from provisioner.services.sessions import session_launch, session_stop
 from tests.provisioner.conftest import A100, ENV, make_node, make_user
+
+from_english = importlib.import_module("provisioner.migrations.0005_messages_from_english")
 
 VALUES = {"user": "alice", "node": "node-a", "gpu_model": "A100-SXM4-80GB", "profile": "1/4", "why": "oops",
           "actor": "bob", "minutes": 15, "seconds": 300, "code": "409", "time": "12:00:01"}  # fmt: skip
@@ -109,6 +113,43 @@ def test_a_writer_that_names_no_such_message_or_the_wrong_parameters_fails_at_on
         message("stoped")
     with pytest.raises(ValueError, match="takes"):
         message("stop_by", actor="bob")
+
+
+def test_the_migration_parses_an_old_english_line_into_key_and_parameters():
+    assert from_english.line_parse("Stop by bob: funds exhausted") == (
+        "stop_by",
+        {"actor": "bob", "why": {"key": "funds_exhausted", "params": {}}},
+    )
+    assert from_english.line_parse("Stop: idle for 30 minutes") == (
+        "stop",
+        {"why": {"key": "idle_for", "params": {"minutes": 30}}},
+    )
+    assert from_english.line_parse("Jupyter exited: exit code 1") == (
+        "jupyter_exited",
+        {"why": "exit code 1"},
+    )
+    assert from_english.line_parse("Placed on Stopped") == ("placed_on", {"node": "Stopped"})  # a name
+    assert from_english.line_parse("the agent said something new") is None
+
+
+def test_the_migration_converts_old_rows_and_leaves_free_text_as_it_was(session):
+    Session.objects.filter(id=session.id).update(
+        reason="Stop by bob: funds exhausted", reason_key="", reason_params={}
+    )
+    SessionEvent.objects.filter(session=session).update(message_key="", message_params={})
+    SessionEvent.objects.create(session=session, kind="state", message="the agent said something new")
+
+    from_english.messages_from_english(apps, None)
+
+    session.refresh_from_db()
+    assert session.reason_key == "stop_by"
+    with translation.override("zh-hans"):
+        assert "funds exhausted" not in session.reason_display and "bob" in session.reason_display
+        shown = {e.message: e.message_display for e in SessionEvent.objects.filter(session=session)}
+    assert shown["Placed on node-a"] == "已分配到 node-a"
+    assert shown["the agent said something new"] == "the agent said something new"
+    free = SessionEvent.objects.get(session=session, message="the agent said something new")
+    assert (free.message_key, free.message_params) == ("", {})
 
 
 def test_a_stored_line_loads_back_as_its_message_or_else_as_its_text():
