@@ -58,6 +58,8 @@ def session_body(session: Session) -> dict:
         "id": str(session.id),
         "state": session.state,
         "reason": session.reason,
+        "reason_code": session.reason_key or None,
+        "reason_params": session.reason_params if session.reason_key else None,
         "gpu_model": session.gpu_model.name if session.gpu_model_id else None,
         "profile": session.profile.name,
         "environment": session.environment.name,
@@ -260,6 +262,8 @@ class SessionEventsView(APIView):
                     "from_state": e.from_state,
                     "to_state": e.to_state,
                     "message": e.message,
+                    "message_code": e.message_key or None,
+                    "message_params": e.message_params if e.message_key else None,
                 }
                 for e in events
             ]

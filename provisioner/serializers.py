@@ -128,10 +128,20 @@ class LimitsOut(serializers.Serializer):
     idle_seconds = serializers.IntegerField(allow_null=True)
 
 
+MESSAGE_PARAMS_HELP = (
+    "The message's parameters: a name to a string or a number, or to a nested message {key, params}; "
+    "null for free text."
+)
+
+
 class SessionOut(serializers.Serializer):
     id = serializers.UUIDField()
     state = serializers.ChoiceField(choices=Session.State.choices)
-    reason = serializers.CharField()
+    reason = serializers.CharField(help_text="Why the last transition happened, in English.")
+    reason_code = serializers.CharField(
+        allow_null=True, help_text="The reason's message key (e.g. stop_by); null for free text."
+    )
+    reason_params = serializers.DictField(allow_null=True, help_text=MESSAGE_PARAMS_HELP)
     gpu_model = serializers.CharField(allow_null=True)
     profile = serializers.CharField()
     environment = serializers.CharField()
@@ -170,7 +180,9 @@ class EventOut(serializers.Serializer):
     kind = serializers.CharField()
     from_state = serializers.CharField()
     to_state = serializers.CharField()
-    message = serializers.CharField()
+    message = serializers.CharField(help_text="The line in English.")
+    message_code = serializers.CharField(allow_null=True, help_text="Its message key; null for free text.")
+    message_params = serializers.DictField(allow_null=True, help_text=MESSAGE_PARAMS_HELP)
 
 
 class SampleOut(serializers.Serializer):

@@ -368,6 +368,12 @@ def test_events_tell_the_story_of_a_session(fleet, sent_tasks):
     events = client.get(f"/api/v1/sessions/{sid}/events").json()
     assert [e["to_state"] for e in events if e["kind"] == "state"] == ["placing", "running"]
     assert events[0]["kind"] == "launch"
+    running = events[-1]
+    assert (running["message"], running["message_code"], running["message_params"]) == (
+        "Jupyter is running",
+        "running",
+        {},
+    )
 
 
 def test_metrics_are_the_device_samples_of_the_sessions_life(fleet, sent_tasks):
@@ -400,7 +406,9 @@ def test_stop_moves_a_placed_session_to_stopping_and_is_idempotent(
         response = client.post(f"/api/v1/sessions/{sid}/stop", {"reason": "done for today"}, format="json")
     assert response.status_code == 200
     assert response.json()["state"] == "stopping"
-    assert "done for today" in response.json()["reason"]
+    body = response.json()
+    assert body["reason"].endswith(": done for today")  # the English text, as before
+    assert body["reason_code"] == "stop_by" and body["reason_params"]["why"] == "done for today"
     assert ("session_stop_task", (sid,)) in sent_tasks
     again = client.post(f"/api/v1/sessions/{sid}/stop")
     assert again.status_code == 200 and again.json()["state"] == "stopping"
