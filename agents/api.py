@@ -290,7 +290,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._gateway(method)
             return
         if self.path.split("?", 1)[0] == "/metrics":  # Prometheus's text format: agents/prometheus.py
-            self._send_metrics(*prometheus.answer(self.api, method, self.headers.get("Authorization")))
+            authorised = self.api.authorised(self.headers.get("Authorization"))
+            self._send_metrics(*prometheus.answer(self.api.workloads, method, authorised=authorised))
             return
         try:
             length = int(self.headers.get("Content-Length") or 0)

@@ -19,12 +19,15 @@ from pathlib import Path
 from typing import NoReturn
 
 from agents import __version__
+from agents.api import AgentApi, make_server
 from agents.egress import EgressPolicy, EgressServer
 from agents.gpuplan import VGPU_LIB_TARGET, HostGpuTools
+from agents.heartbeat import Heartbeats
 from agents.nvml import GpuReader, nvml_source
 from agents.nvml.fleet import FleetError
 from agents.runtimes import RuntimeOptions, runtime_class, runtime_names
 from agents.sandbox import parse_uid_range
+from agents.workloads import Workloads
 
 log = logging.getLogger("agents")
 EXIT_USAGE = 2
@@ -181,10 +184,6 @@ def main(argv: list[str] | None = None) -> int:
                 "Single-user development only; never on a host that serves other people.",
                 "root" if os.geteuid() == 0 else f"uid {os.geteuid()}",
             )
-
-    from agents.api import AgentApi, make_server
-    from agents.heartbeat import Heartbeats
-    from agents.workloads import Workloads
 
     workloads = Workloads(
         runtime=runtime,

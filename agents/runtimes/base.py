@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from agents.gateway import GatewayError, local_get
 from agents.gpuplan import GpuPlan
 from agents.spec import WorkloadSpec
 
@@ -69,8 +70,6 @@ class Runtime:
         """Whether Jupyter answers ``GET {base_url}api/status`` on its socket (or local port).
         Without the token (an adopted workload whose spec the portal has not re-sent yet) a 401/403
         still proves it answers."""
-        from agents.gateway import GatewayError, local_get
-
         headers = {"Authorization": f"token {token}"} if token else {}
         try:
             status = local_get(state, f"{state['base_url']}api/status", headers)

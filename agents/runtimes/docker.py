@@ -18,6 +18,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import docker
+import docker.errors
+import docker.types
+
 from agents import egress
 from agents.gpuplan import GpuPlan, enforcement
 from agents.runtimes.base import Runtime, RuntimeStartError
@@ -46,8 +50,6 @@ def container_spec(
     pids_limit: int,
 ) -> dict[str, Any]:
     """Keyword arguments for ``client.containers.run`` (pure: no engine, no file system)."""
-    import docker.types
-
     config = json.dumps({"IdentityProvider": {"token": spec.token}})
     command = [
         "bash",
@@ -123,8 +125,6 @@ class DockerRuntime(Runtime):
 
     def client(self):
         if self._client is None:
-            import docker
-
             try:
                 self._client = docker.from_env()
                 self._client.ping()
@@ -134,8 +134,6 @@ class DockerRuntime(Runtime):
         return self._client
 
     def start(self, spec: WorkloadSpec, plan: GpuPlan) -> dict:
-        import docker
-
         client = self.client()
         private = Path(self.options.state_dir) / "run" / spec.session_id / "private"
         if private.parent.exists():
@@ -175,8 +173,6 @@ class DockerRuntime(Runtime):
         }
 
     def _container(self, state: dict):
-        import docker
-
         try:
             return self.client().containers.get(state["container_id"])
         except docker.errors.NotFound:
