@@ -16,6 +16,7 @@ from typing import Any
 
 from agents import __version__, gateway, prometheus
 from agents.gpuplan import PlanError
+from agents.runtimes import RuntimeHandle
 from agents.spec import SpecError, parse_spec
 from agents.workloads import WorkloadConflict, Workloads, WorkloadStartFailed
 
@@ -45,22 +46,22 @@ class AgentApi:
             return False
         return hmac.compare_digest(header[len("Bearer ") :].strip().encode(), self.token)
 
-    def gateway_target(self, path: str) -> tuple[dict, str]:
-        """The runtime state and Jupyter token of the running workload a ``/jupyter/<id>/…`` path
+    def gateway_target(self, path: str) -> tuple[RuntimeHandle, str]:
+        """The runtime handle and Jupyter token of the running workload a ``/jupyter/<id>/…`` path
         names; ApiError 404 for a session this agent does not run, 503 while it cannot answer."""
         session_id = path[len(GATEWAY_PREFIX) :].split("/", 1)[0]
         workload = self.workloads.get(session_id)
         if (
             workload is None
             or not workload.live
-            or workload.runtime_state is None
+            or workload.handle is None
             or not path.startswith(workload.spec.get("base_url") or "/-/")
         ):
             raise ApiError(404, "not_found", "no such session on this node")
-        token = workload.token or self.workloads.runtime.jupyter_token(workload.runtime_state)
+        token = workload.token or self.workloads.runtime.jupyter_token(workload.handle)
         if not token:
             raise ApiError(503, "not_ready", "the workload's token is not known yet; try again shortly")
-        return workload.runtime_state, token
+        return workload.handle, token
 
     def route(self, method: str, path: str, body: bytes) -> tuple[int, Any]:
         workloads = self.workloads
@@ -160,16 +161,16 @@ class _Handler(BaseHTTPRequestHandler):
                 raise ApiError(
                     401, "unauthorised", "a valid 'Authorization: Bearer <node token>' is required"
                 )
-            state, token = self.api.gateway_target(self.path.split("?", 1)[0])
+            handle, token = self.api.gateway_target(self.path.split("?", 1)[0])
         except ApiError as exc:
             self._discard_body()
             self._error(exc)
             return
         if "websocket" in (self.headers.get("Upgrade") or "").lower():
-            self._websocket(state, token)
+            self._websocket(handle, token)
             return
         try:
-            self._forward(method, state, token)
+            self._forward(method, handle, token)
         except (gateway.GatewayError, OSError, http.client.HTTPException) as exc:
             log.info("gateway %s %s: %s", method, self.path, exc)
             self.close_connection = True
@@ -185,7 +186,7 @@ class _Handler(BaseHTTPRequestHandler):
         elif length or self.headers.get("Transfer-Encoding"):
             self.close_connection = True
 
-    def _forward(self, method: str, state: dict, token: str) -> None:
+    def _forward(self, method: str, handle: RuntimeHandle, token: str) -> None:
         self._answered = False
         session_id = self.path[len(GATEWAY_PREFIX) :].split("/", 1)[0]
         headers = gateway.forwarded_headers(self.headers, token)
@@ -195,7 +196,7 @@ class _Handler(BaseHTTPRequestHandler):
             connection = self._upstreams.pop(session_id, None)
             reused = connection is not None and attempt == 0
             if connection is None:
-                connection = gateway.UpstreamConnection(state)
+                connection = gateway.UpstreamConnection(handle)
             try:
                 connection.putrequest(method, self.path, skip_host=True, skip_accept_encoding=True)
                 for name, value in headers:
@@ -263,11 +264,11 @@ class _Handler(BaseHTTPRequestHandler):
         self._headers_buffer.append(body)
         self.flush_headers()
 
-    def _websocket(self, state: dict, token: str) -> None:
+    def _websocket(self, handle: RuntimeHandle, token: str) -> None:
         """Rewrite the upgrade's head (the Jupyter token in, the node token out) and relay bytes."""
         self.close_connection = True
         try:
-            upstream = gateway.open_upstream(state)
+            upstream = gateway.open_upstream(handle)
         except (OSError, gateway.GatewayError) as exc:
             log.info("gateway websocket %s: %s", self.path, exc)
             self._error(ApiError(502, "upstream_unreachable", "the workload's JupyterLab is not answering"))

@@ -3,7 +3,7 @@
 One lock guards the table, so the check that a GPU serves one policy and the insert of a new
 workload are one step. Each workload's record is persisted as JSON under
 ``<state-dir>/workloads/<session>.json`` (written atomically): the spec without its token (only its
-SHA-256), the GPU plan, the runtime's state, and the workload's state.
+SHA-256), the GPU plan, the runtime's handle, and the workload's state.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from agents import gateway
 from agents.gpuplan import GpuPlan, HostGpuTools, PlanError, cpu_plan, gpu_plan
 from agents.mps import MpsDaemons, MpsError
 from agents.nvml import GpuReader
-from agents.runtimes import Runtime, RuntimeStartError
+from agents.runtimes import Runtime, RuntimeHandle, RuntimeStartError
 from agents.runtimes.launcher import children_by_parent
 from agents.spec import SESSION_ID_RE, SpecError, WorkloadSpec, parse_spec
 
@@ -51,7 +51,7 @@ class Workload:
     fingerprint: str
     token_sha256: str
     plan: GpuPlan
-    runtime_state: dict | None
+    handle: RuntimeHandle | None  # None until the runtime started it
     state: str  # starting | running | exited | failed
     exit_reason: str | None = None
     started_at: str | None = None
@@ -66,7 +66,8 @@ class Workload:
             "fingerprint": self.fingerprint,
             "token_sha256": self.token_sha256,
             "plan": self.plan.to_json(),
-            "runtime_state": self.runtime_state,
+            # the key records had before the handle: an upgraded agent adopts what an older one started
+            "runtime_state": self.handle.to_json() if self.handle else None,
             "state": self.state,
             "exit_reason": self.exit_reason,
             "started_at": self.started_at,
@@ -78,8 +79,7 @@ class Workload:
         return {
             "session_id": self.session_id,
             "state": self.state,
-            "upstream": (self.runtime_state or {}).get("upstream"),
-            "enforcement": (self.runtime_state or {}).get("enforcement"),
+            **(self.handle.reported() if self.handle else {"upstream": None, "enforcement": None}),
             "exit_reason": self.exit_reason,
             "started_at": self.started_at,
             "last_alive_at": self.last_alive_at,
@@ -134,13 +134,16 @@ class Workloads:
             for path in sorted(self.records_dir.glob("*.json")):
                 try:
                     record = json.loads(path.read_text())
+                    handle = (
+                        self.runtime.restore(record["runtime_state"]) if record["runtime_state"] else None
+                    )
                     workload = Workload(
                         session_id=record["session_id"],
                         spec=record["spec"],
                         fingerprint=record["fingerprint"],
                         token_sha256=record["token_sha256"],
                         plan=GpuPlan.from_json(record["plan"]),
-                        runtime_state=record["runtime_state"],
+                        handle=handle,
                         state=record["state"],
                         exit_reason=record.get("exit_reason"),
                         started_at=record.get("started_at"),
@@ -150,11 +153,7 @@ class Workloads:
                     log.warning("ignoring unreadable workload record %s: %s", path, exc)
                     continue
                 if workload.live:
-                    reason = (
-                        self.runtime.poll(workload.runtime_state)
-                        if workload.runtime_state
-                        else "never started"
-                    )
+                    reason = self.runtime.poll(workload.handle) if workload.handle else "never started"
                     if reason is None:
                         workload.start_deadline = time.monotonic() + self.start_timeout_seconds
                         self.mps.adopt(workload.session_id, workload.plan)
@@ -203,7 +202,7 @@ class Workloads:
                 fingerprint=fingerprint,
                 token_sha256=spec.token_sha256(),
                 plan=plan,
-                runtime_state=None,
+                handle=None,
                 state="starting",
                 started_at=now_iso(),
                 token=spec.token,
@@ -212,7 +211,7 @@ class Workloads:
             try:
                 self.mps.acquire(spec.session_id, plan)
                 try:
-                    workload.runtime_state = self.runtime.start(spec, plan)
+                    workload.handle = self.runtime.start(spec, plan)
                 except BaseException:
                     self.mps.release(spec.session_id, plan)
                     raise
@@ -232,13 +231,12 @@ class Workloads:
             workload = self._table.get(session_id)
             if workload is None:
                 return False
-            if workload.runtime_state is not None:
-                self.runtime.stop(workload.runtime_state)
+            if workload.handle is not None:
+                self.runtime.stop(workload.handle)
                 if workload.live:
                     self.mps.release(session_id, workload.plan)
-                run_dir = workload.runtime_state.get("run_dir")
-                if run_dir:
-                    shutil.rmtree(run_dir, ignore_errors=True)
+                if workload.handle.run_dir:
+                    shutil.rmtree(workload.handle.run_dir, ignore_errors=True)
             del self._table[session_id]
             self._forget(session_id)
             return True
@@ -260,13 +258,13 @@ class Workloads:
         """One pass over live workloads: note which answer, which ended, which never started."""
         warm: list[Workload] = []
         for workload in self.all():
-            if not workload.live or workload.runtime_state is None:
+            if not workload.live or workload.handle is None:
                 continue
-            reason = self.runtime.poll(workload.runtime_state)
+            reason = self.runtime.poll(workload.handle)
             ready = (
                 reason is None
                 and workload.state == "starting"
-                and self.runtime.ready(workload.runtime_state, workload.token)
+                and self.runtime.ready(workload.handle, workload.token)
             )
             with self._lock:
                 if self._table.get(workload.session_id) is not workload or not workload.live:
@@ -282,7 +280,7 @@ class Workloads:
                         workload.state = "running"
                         warm.append(workload)
                     elif workload.state == "starting" and time.monotonic() > workload.start_deadline:
-                        self.runtime.stop(workload.runtime_state)
+                        self.runtime.stop(workload.handle)
                         self.mps.release(workload.session_id, workload.plan)
                         workload.state = "failed"
                         workload.exit_reason = (
@@ -296,18 +294,18 @@ class Workloads:
 
     def _warm_up(self, workload: Workload) -> None:
         try:
-            gateway.warm_up(workload.runtime_state, workload.spec["base_url"], workload.token)
+            gateway.warm_up(workload.handle, workload.handle.base_url, workload.token)
         except (OSError, gateway.GatewayError, http.client.HTTPException) as exc:
             log.info("warm-up of %s: %s", workload.session_id, exc)
 
     def pids_by_session(self) -> dict[str, set[int]]:
         gpu_workloads = [
-            w for w in self.all() if w.live and w.runtime_state is not None and w.plan.device_uuid is not None
+            w for w in self.all() if w.live and w.handle is not None and w.plan.device_uuid is not None
         ]
         if not gpu_workloads:
             return {}
         children = children_by_parent()
-        return {w.session_id: self.runtime.pids(w.runtime_state, children) for w in gpu_workloads}
+        return {w.session_id: self.runtime.pids(w.handle, children) for w in gpu_workloads}
 
     def gpu_of_session(self) -> dict[str, str]:
         return {w.session_id: w.plan.gpu_uuid for w in self.all() if w.plan.gpu_uuid is not None}
@@ -357,7 +355,7 @@ class Workloads:
                 fingerprint="",
                 token_sha256="",
                 plan=cpu_plan(),
-                runtime_state=None,
+                handle=None,
                 state="failed",
                 exit_reason=reason,
                 started_at=now_iso(),

@@ -9,7 +9,7 @@ single-user development machine) the same folders are used at their host paths.
 Limits: containers get cgroups; a plain process gets what the host allows without privileges:
 the CPU count by affinity (``ceil(cpu_cores)`` CPUs) and memory by ``RLIMIT_DATA`` per process
 (``RLIMIT_AS`` would break Jupyter, which maps far more address space than it uses). Both are
-recorded in the state, as is the sandbox in use.
+recorded in its handle, as is the sandbox in use.
 
 HAMi's ``libvgpu.so`` is preloaded with ``LD_PRELOAD`` here: a read-only root cannot take a new file
 at ``/etc/ld.so.preload`` (bubblewrap cannot create the mount point), and every process of the
@@ -30,12 +30,15 @@ import sys
 import tempfile
 import time
 import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from agents import egress, sandbox
 from agents.gpuplan import VGPU_LIB_TARGET, GpuPlan, enforcement
 from agents.runtimes import launcher
-from agents.runtimes.base import Runtime, RuntimeStartError
+from agents.runtimes.base import Runtime, RuntimeHandle, RuntimeStartError
 from agents.spec import WorkloadSpec
 
 STOP_WAIT_SECONDS = 12.0
@@ -96,8 +99,26 @@ def jupyter_command(
     ]
 
 
+@dataclass(frozen=True, kw_only=True)
+class ProcessHandle(RuntimeHandle):
+    """The process runtime's own: its launcher (the pid and its start time, against a recycled pid
+    after an agent restart), the files the launcher writes, and what was set up, for operators."""
+
+    pid: int
+    pid_start_ticks: int | None
+    exit_file: str
+    log_file: str
+    home: str | None = None
+    home_in_sandbox: str | None = None
+    sandbox: str | None = None
+    outbound: str | None = None
+    uid: int | None = None
+    limits: Mapping[str, Any] | None = None
+
+
 class ProcessRuntime(Runtime):
     name = "process"
+    handle_class = ProcessHandle
 
     def __init__(self, options) -> None:
         super().__init__(options)
@@ -117,7 +138,7 @@ class ProcessRuntime(Runtime):
             self._probed = "bwrap"
         return self._probed
 
-    def start(self, spec: WorkloadSpec, plan: GpuPlan) -> dict:
+    def start(self, spec: WorkloadSpec, plan: GpuPlan) -> ProcessHandle:
         state_dir = self.options.state_dir
         mode = self.sandbox_in_use()
         home = state_dir / "homes" / spec.user
@@ -210,25 +231,23 @@ class ProcessRuntime(Runtime):
                 start_new_session=True,  # its own session: an agent restart leaves it running
             )
         self._children[child.pid] = child
-        return {
-            "pid": child.pid,
-            "pid_start_ticks": process_start_ticks(child.pid),
-            "socket": str(private / SOCK_NAME),
-            "upstream": f"unix:{private / SOCK_NAME}",
-            "base_url": spec.base_url,
-            "home": str(home),
-            "home_in_sandbox": home_seen,
-            "run_dir": str(run_dir),
-            "exit_file": str(exit_file),
-            "log_file": str(log_file),
-            "sandbox": mode,
-            "outbound": "egress-proxy" if egress_dir else "off",
-            "uid": uid if uid is not None else os.geteuid(),
-            "enforcement": enforcement(
-                plan, device_isolated=mode == "bwrap", preload_pinned=bool(preload_file)
-            ),
-            "limits": limits,
-        }
+        return ProcessHandle(
+            base_url=spec.base_url,
+            upstream_url=f"unix:{private / SOCK_NAME}",
+            socket_path=str(private / SOCK_NAME),
+            run_dir=str(run_dir),
+            enforcement=enforcement(plan, device_isolated=mode == "bwrap", preload_pinned=bool(preload_file)),
+            pid=child.pid,
+            pid_start_ticks=process_start_ticks(child.pid),
+            exit_file=str(exit_file),
+            log_file=str(log_file),
+            home=str(home),
+            home_in_sandbox=home_seen,
+            sandbox=mode,
+            outbound="egress-proxy" if egress_dir else "off",
+            uid=uid if uid is not None else os.geteuid(),
+            limits=limits,
+        )
 
     def _preload_file(self, library: str) -> str:
         """``<state>/vgpu/sandbox-ld.so.preload``, naming the library at its host path (which the
@@ -243,10 +262,10 @@ class ProcessRuntime(Runtime):
             os.replace(tmp, path)
         return str(path)
 
-    def jupyter_token(self, state: dict) -> str | None:
+    def jupyter_token(self, handle: ProcessHandle) -> str | None:
         try:
             config = json.loads(
-                (Path(state["run_dir"]) / "private" / "jupyter_server_config.json").read_text()
+                (Path(handle.run_dir or "") / "private" / "jupyter_server_config.json").read_text()
             )
             return config["IdentityProvider"]["token"]
         except (OSError, ValueError, KeyError, TypeError):
@@ -266,43 +285,42 @@ class ProcessRuntime(Runtime):
             "memory_note": "RLIMIT_DATA per process (no cgroup)",
         }
 
-    def _alive(self, state: dict) -> bool:
-        pid = state["pid"]
-        child = self._children.get(pid)
+    def _alive(self, handle: ProcessHandle) -> bool:
+        child = self._children.get(handle.pid)
         if child is not None and child.poll() is not None:  # reap our own child
-            self._children.pop(pid, None)
+            self._children.pop(handle.pid, None)
             return False
-        ticks = process_start_ticks(pid)
-        return ticks is not None and ticks == state.get("pid_start_ticks")
+        ticks = process_start_ticks(handle.pid)
+        return ticks is not None and ticks == handle.pid_start_ticks
 
-    def poll(self, state: dict) -> str | None:
-        if self._alive(state):
+    def poll(self, handle: ProcessHandle) -> str | None:
+        if self._alive(handle):
             return None
         try:
-            record = json.loads(Path(state["exit_file"]).read_text())
+            record = json.loads(Path(handle.exit_file).read_text())
         except (OSError, ValueError):
             return "the workload's supervisor vanished (host reboot or killed with SIGKILL)"
         if record.get("stopped"):
             return "stopped"
         return f"jupyter exited with code {record.get('exit_code')}"
 
-    def pids(self, state: dict, children: dict[int, list[int]] | None = None) -> set[int]:
-        if not self._alive(state):
+    def pids(self, handle: ProcessHandle, children: dict[int, list[int]] | None = None) -> set[int]:
+        if not self._alive(handle):
             return set()
-        return {state["pid"], *launcher.descendants(state["pid"], children)}
+        return {handle.pid, *launcher.descendants(handle.pid, children)}
 
-    def stop(self, state: dict) -> None:
-        if not self._alive(state):
+    def stop(self, handle: ProcessHandle) -> None:
+        if not self._alive(handle):
             return
-        pid = state["pid"]
+        pid = handle.pid
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + STOP_WAIT_SECONDS
         while time.monotonic() < deadline:
-            if not self._alive(state):
+            if not self._alive(handle):
                 return
             time.sleep(0.05)
         for leftover in [*launcher.descendants(pid), pid]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(leftover, signal.SIGKILL)
-        while self._alive(state) and time.monotonic() < deadline + 5:
+        while self._alive(handle) and time.monotonic() < deadline + 5:
             time.sleep(0.05)
