@@ -18,7 +18,7 @@ from agents import __version__, gateway, prometheus
 from agents.gpuplan import PlanError
 from agents.runtimes import RuntimeHandle
 from agents.spec import SpecError, parse_spec
-from agents.workloads import WorkloadConflict, Workloads, WorkloadStartFailed
+from agents.workloads import WorkloadConflict, Workloads, WorkloadStartFailed, WorkloadStopping
 
 log = logging.getLogger("agents.api")
 MAX_BODY_BYTES = 1 << 20
@@ -116,6 +116,8 @@ class AgentApi:
                 f"a different spec already exists for {session_id}",
                 {"session_id": "already used"},
             )
+        except WorkloadStopping:
+            raise ApiError(409, "stopping", f"the workload {session_id} is being deleted; put it again after")
         except PlanError as exc:
             status = 409 if exc.code == "gpu_busy" else 400
             raise ApiError(status, exc.code, "the allocation cannot be served on this node", exc.fields)

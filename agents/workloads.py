@@ -1,9 +1,12 @@
 """The agent's workloads: create, delete, watch, adopt after a restart, converge to the portal.
 
-One lock guards the table, so the check that a GPU serves one policy and the insert of a new
-workload are one step. Each workload's record is persisted as JSON under
-``<state-dir>/workloads/<session>.json`` (written atomically): the spec without its token (only its
-SHA-256), the GPU plan, the runtime's handle, and the workload's state.
+One lock guards the table, and it is held only for steps that touch no runtime: the check that a
+GPU serves one policy and the reservation of a new workload (state ``starting``, no handle yet) are
+one step; the runtime starts with the lock released, and its result is recorded under it again.
+Each workload has its own lock for the runtime's work on it (start, stop), so a DELETE during a
+start waits for that start only and then stops what it started. Each workload's record is persisted
+as JSON under ``<state-dir>/workloads/<session>.json`` (written atomically): the spec without its
+token (only its SHA-256), the GPU plan, the runtime's handle, and the workload's state.
 """
 
 from __future__ import annotations
@@ -40,6 +43,10 @@ class WorkloadConflict(Exception):
     """A different spec is already there for this session id."""
 
 
+class WorkloadStopping(Exception):
+    """The workload under this session id is being deleted."""
+
+
 class WorkloadStartFailed(Exception):
     pass
 
@@ -58,6 +65,9 @@ class Workload:
     last_alive_at: str | None = None
     token: str | None = field(default=None, repr=False)  # memory only
     start_deadline: float = 0.0  # monotonic, while starting
+    stopping: bool = False  # a delete is under way: the entry keeps its GPU slots until the workload ended
+    # held while the runtime starts or stops this workload (never the table's lock)
+    runtime_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def record(self) -> dict:
         return {
@@ -130,49 +140,82 @@ class Workloads:
         """Load the records a previous agent left; workloads still alive are adopted, those that
         ended meanwhile are marked exited (or failed if they never answered). Returns the ids."""
         adopted = []
-        with self._lock:
-            for path in sorted(self.records_dir.glob("*.json")):
-                try:
-                    record = json.loads(path.read_text())
-                    handle = (
-                        self.runtime.restore(record["runtime_state"]) if record["runtime_state"] else None
-                    )
-                    workload = Workload(
-                        session_id=record["session_id"],
-                        spec=record["spec"],
-                        fingerprint=record["fingerprint"],
-                        token_sha256=record["token_sha256"],
-                        plan=GpuPlan.from_json(record["plan"]),
-                        handle=handle,
-                        state=record["state"],
-                        exit_reason=record.get("exit_reason"),
-                        started_at=record.get("started_at"),
-                        last_alive_at=record.get("last_alive_at"),
-                    )
-                except (OSError, ValueError, KeyError, TypeError) as exc:
-                    log.warning("ignoring unreadable workload record %s: %s", path, exc)
-                    continue
-                if workload.live:
-                    reason = self.runtime.poll(workload.handle) if workload.handle else "never started"
-                    if reason is None:
-                        workload.start_deadline = time.monotonic() + self.start_timeout_seconds
-                        self.mps.adopt(workload.session_id, workload.plan)
-                    else:
-                        workload.exit_reason = f"ended while the agent was down: {reason}"
-                        workload.state = "exited" if workload.state == "running" else "failed"
-                        self._save(workload)
+        for path in sorted(self.records_dir.glob("*.json")):
+            workload = self._load(path)
+            if workload is None:
+                continue
+            if workload.live:
+                reason = self.runtime.poll(workload.handle) if workload.handle else "never started"
+                if reason is None:
+                    workload.start_deadline = time.monotonic() + self.start_timeout_seconds
+                    self.mps.adopt(workload.session_id, workload.plan)
+                else:
+                    workload.exit_reason = f"ended while the agent was down: {reason}"
+                    workload.state = "exited" if workload.state == "running" else "failed"
+                    self._save(workload)
+            with self._lock:
                 self._table[workload.session_id] = workload
-                adopted.append(workload.session_id)
+            adopted.append(workload.session_id)
         return adopted
+
+    def _load(self, path: Path) -> Workload | None:
+        try:
+            record = json.loads(path.read_text())
+            persisted = record["runtime_state"]
+            return Workload(
+                session_id=record["session_id"],
+                spec=record["spec"],
+                fingerprint=record["fingerprint"],
+                token_sha256=record["token_sha256"],
+                plan=GpuPlan.from_json(record["plan"]),
+                handle=self.runtime.restore(persisted) if persisted else None,
+                state=record["state"],
+                exit_reason=record.get("exit_reason"),
+                started_at=record.get("started_at"),
+                last_alive_at=record.get("last_alive_at"),
+            )
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("ignoring unreadable workload record %s: %s", path, exc)
+            return None
 
     # -- commands -----------------------------------------------------------------------------
     def _running_shares(self) -> list:
         return [share for w in self._table.values() if w.live and (share := w.plan.share(w.session_id))]
 
     def put(self, spec: WorkloadSpec) -> tuple[bool, Workload]:
-        """Create the workload (True) or find the same one (False). Raises WorkloadConflict for a
-        different spec under the same id, PlanError for an allocation this host cannot serve,
-        WorkloadStartFailed when the runtime could not start it (recorded as failed)."""
+        """Create the workload (True) or find the same one (False), starting or not. The table's
+        lock is held to reserve the entry and to record the result, never while the runtime starts
+        it: a slow start delays no other call. Raises WorkloadConflict for a different spec under
+        the same id, WorkloadStopping while that id is being deleted, PlanError for an allocation
+        this host cannot serve (or slots a live workload holds), WorkloadStartFailed when the
+        runtime could not start it (recorded as failed). Any other error leaves no entry behind."""
+        created, workload = self._reserve(spec)
+        if not created:
+            return False, workload
+        try:
+            handle = self._launch(spec, workload.plan)
+        except (RuntimeStartError, MpsError, OSError) as exc:
+            with self._lock:
+                workload.state = "failed"
+                workload.exit_reason = f"could not start: {exc}"
+                self._save(workload)
+            raise WorkloadStartFailed(workload.exit_reason)
+        except BaseException:
+            with self._lock:
+                if self._table.get(spec.session_id) is workload:
+                    del self._table[spec.session_id]
+            raise
+        else:
+            with self._lock:
+                workload.handle = handle
+                self._save(workload)
+        finally:
+            workload.runtime_lock.release()
+        return True, workload
+
+    def _reserve(self, spec: WorkloadSpec) -> tuple[bool, Workload]:
+        """The workload already under this id (False), or a new entry in state ``starting`` (True)
+        whose ``runtime_lock`` the caller then holds (taken here, under the table's lock)."""
         fingerprint = spec.fingerprint()
         with self._lock:
             existing = self._table.get(spec.session_id)
@@ -182,64 +225,72 @@ class Workloads:
             if existing is not None:
                 if existing.fingerprint != fingerprint:
                     raise WorkloadConflict(spec.session_id)
+                if existing.stopping:
+                    raise WorkloadStopping(spec.session_id)
                 existing.token = spec.token
                 return False, existing
-            if spec.allocation is None:
-                plan = cpu_plan()
-            else:
-                plan = gpu_plan(
-                    spec.allocation,
-                    self.reader.inventory(),
-                    running=self._running_shares(),
-                    tools=self.tools,
-                    session_id=spec.session_id,
-                )
-            spec_record = spec.to_json()
-            spec_record.pop("token")
-            workload = Workload(
-                session_id=spec.session_id,
-                spec=spec_record,
-                fingerprint=fingerprint,
-                token_sha256=spec.token_sha256(),
-                plan=plan,
-                handle=None,
-                state="starting",
-                started_at=now_iso(),
-                token=spec.token,
-                start_deadline=time.monotonic() + self.start_timeout_seconds,
-            )
-            try:
-                self.mps.acquire(spec.session_id, plan)
-                try:
-                    workload.handle = self.runtime.start(spec, plan)
-                except BaseException:
-                    self.mps.release(spec.session_id, plan)
-                    raise
-            except (RuntimeStartError, MpsError, OSError) as exc:
-                workload.state = "failed"
-                workload.exit_reason = f"could not start: {exc}"
-                self._table[spec.session_id] = workload
-                self._save(workload)
-                raise WorkloadStartFailed(workload.exit_reason)
+            workload = self._new_workload(spec, fingerprint)
+            workload.runtime_lock.acquire()
             self._table[spec.session_id] = workload
-            self._save(workload)
             return True, workload
 
+    def _new_workload(self, spec: WorkloadSpec, fingerprint: str) -> Workload:
+        """A workload in state ``starting`` with its GPU plan checked against every live one's
+        (called under the table's lock)."""
+        if spec.allocation is None:
+            plan = cpu_plan()
+        else:
+            plan = gpu_plan(
+                spec.allocation,
+                self.reader.inventory(),
+                running=self._running_shares(),
+                tools=self.tools,
+                session_id=spec.session_id,
+            )
+        spec_record = spec.to_json()
+        spec_record.pop("token")
+        return Workload(
+            session_id=spec.session_id,
+            spec=spec_record,
+            fingerprint=fingerprint,
+            token_sha256=spec.token_sha256(),
+            plan=plan,
+            handle=None,
+            state="starting",
+            started_at=now_iso(),
+            token=spec.token,
+            start_deadline=time.monotonic() + self.start_timeout_seconds,
+        )
+
+    def _launch(self, spec: WorkloadSpec, plan: GpuPlan) -> RuntimeHandle:
+        self.mps.acquire(spec.session_id, plan)
+        try:
+            return self.runtime.start(spec, plan)
+        except BaseException:
+            self.mps.release(spec.session_id, plan)
+            raise
+
     def delete(self, session_id: str) -> bool:
-        """Stop the workload and everything it started, and forget it. Idempotent."""
+        """Stop the workload and everything it started, and forget it. Idempotent. A delete during
+        the workload's start waits for that start (the workload's own lock, not the table's), then
+        stops what it started; the entry keeps its GPU slots until the workload has ended."""
         with self._lock:
             workload = self._table.get(session_id)
             if workload is None:
                 return False
+            workload.stopping = True
+        with workload.runtime_lock:
             if workload.handle is not None:
                 self.runtime.stop(workload.handle)
-                if workload.live:
-                    self.mps.release(session_id, workload.plan)
                 if workload.handle.run_dir:
                     shutil.rmtree(workload.handle.run_dir, ignore_errors=True)
-            del self._table[session_id]
-            self._forget(session_id)
-            return True
+            with self._lock:
+                if self._table.get(session_id) is workload:
+                    if workload.live and workload.handle is not None:
+                        self.mps.release(session_id, workload.plan)
+                    del self._table[session_id]
+                    self._forget(session_id)
+        return True
 
     def get(self, session_id: str) -> Workload | None:
         with self._lock:
@@ -255,8 +306,10 @@ class Workloads:
 
     # -- watching -----------------------------------------------------------------------------
     def refresh(self) -> None:
-        """One pass over live workloads: note which answer, which ended, which never started."""
+        """One pass over live workloads: note which answer, which ended, which never started. The
+        runtime is asked (and a workload past its start deadline stopped) without the table's lock."""
         warm: list[Workload] = []
+        expired: list[Workload] = []
         for workload in self.all():
             if not workload.live or workload.handle is None:
                 continue
@@ -280,14 +333,17 @@ class Workloads:
                         workload.state = "running"
                         warm.append(workload)
                     elif workload.state == "starting" and time.monotonic() > workload.start_deadline:
-                        self.runtime.stop(workload.handle)
                         self.mps.release(workload.session_id, workload.plan)
                         workload.state = "failed"
                         workload.exit_reason = (
                             f"Jupyter did not answer within {self.start_timeout_seconds:.0f} s"
                         )
+                        expired.append(workload)
                 if (workload.state, workload.exit_reason) != before:
                     self._save(workload)
+        for workload in expired:
+            with workload.runtime_lock:
+                self.runtime.stop(workload.handle)
         for workload in warm:
             if workload.token:
                 threading.Thread(target=self._warm_up, args=(workload,), name="warm-up", daemon=True).start()
@@ -340,6 +396,8 @@ class Workloads:
                 self.put(spec)
             except WorkloadConflict:
                 log.warning("workload %s differs from the portal's spec; left as it is", session_id)
+            except WorkloadStopping:
+                log.warning("workload %s is being deleted; the next heartbeat starts it again", session_id)
             except PlanError as exc:
                 self._record_refusal(session_id, f"refused: {exc}")
             except WorkloadStartFailed:
