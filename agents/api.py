@@ -18,12 +18,23 @@ from agents import __version__, gateway, prometheus
 from agents.gpuplan import PlanError
 from agents.runtimes import RuntimeHandle
 from agents.spec import SpecError, parse_spec
-from agents.workloads import WorkloadConflict, Workloads, WorkloadStartFailed, WorkloadStopping
+from agents.workloads import WorkloadConflict, WorkloadRefused, Workloads, WorkloadStopping
 
 log = logging.getLogger("agents.api")
 MAX_BODY_BYTES = 1 << 20
 _WORKLOAD_PATH = re.compile(r"^/v1/workloads/(?P<sid>[^/]+)$")
 GATEWAY_PREFIX = "/jupyter/"
+# A PUT the node refuses is a 4xx naming why (docs/AGENT_PROTOCOL.md): 422 for a valid spec this node
+# can never serve, 409 for one its present state refuses; 5xx only for the agent's own faults.
+REFUSAL_STATUS = {
+    "invalid_allocation": 422,
+    "environment_unusable": 422,
+    "gpu_busy": 409,
+    "mps_unavailable": 409,
+    "sandbox_unavailable": 409,
+    "runtime_unavailable": 409,
+    "runtime_refused": 409,
+}
 
 
 class ApiError(Exception):
@@ -119,10 +130,10 @@ class AgentApi:
         except WorkloadStopping:
             raise ApiError(409, "stopping", f"the workload {session_id} is being deleted; put it again after")
         except PlanError as exc:
-            status = 409 if exc.code == "gpu_busy" else 400
+            status = REFUSAL_STATUS.get(exc.code, 422)
             raise ApiError(status, exc.code, "the allocation cannot be served on this node", exc.fields)
-        except WorkloadStartFailed as exc:
-            raise ApiError(500, "start_failed", str(exc))
+        except WorkloadRefused as exc:
+            raise ApiError(REFUSAL_STATUS.get(exc.code, 409), exc.code, exc.reason)
         return (201 if created else 200), workload.status()
 
 

@@ -47,8 +47,13 @@ class WorkloadStopping(Exception):
     """The workload under this session id is being deleted."""
 
 
-class WorkloadStartFailed(Exception):
-    pass
+class WorkloadRefused(Exception):
+    """The runtime (or MPS) refused to start the workload, which is recorded as failed; ``code``
+    names the refusal for the API."""
+
+    def __init__(self, code: str, reason: str) -> None:
+        super().__init__(reason)
+        self.code, self.reason = code, reason
 
 
 @dataclass
@@ -187,19 +192,21 @@ class Workloads:
         lock is held to reserve the entry and to record the result, never while the runtime starts
         it: a slow start delays no other call. Raises WorkloadConflict for a different spec under
         the same id, WorkloadStopping while that id is being deleted, PlanError for an allocation
-        this host cannot serve (or slots a live workload holds), WorkloadStartFailed when the
-        runtime could not start it (recorded as failed). Any other error leaves no entry behind."""
+        this host cannot serve (or slots a live workload holds), WorkloadRefused when the runtime
+        or MPS refused to start it (recorded as failed). Any other error, the agent's own fault
+        (its state dir, a bug), leaves no entry behind, so that the same PUT again starts afresh."""
         created, workload = self._reserve(spec)
         if not created:
             return False, workload
         try:
             handle = self._launch(spec, workload.plan)
-        except (RuntimeStartError, MpsError, OSError) as exc:
+        except (RuntimeStartError, MpsError) as exc:
             with self._lock:
                 workload.state = "failed"
                 workload.exit_reason = f"could not start: {exc}"
                 self._save(workload)
-            raise WorkloadStartFailed(workload.exit_reason)
+            code = exc.code if isinstance(exc, RuntimeStartError) else "mps_unavailable"
+            raise WorkloadRefused(code, workload.exit_reason)
         except BaseException:
             with self._lock:
                 if self._table.get(spec.session_id) is workload:
@@ -400,8 +407,10 @@ class Workloads:
                 log.warning("workload %s is being deleted; the next heartbeat starts it again", session_id)
             except PlanError as exc:
                 self._record_refusal(session_id, f"refused: {exc}")
-            except WorkloadStartFailed:
+            except WorkloadRefused:
                 pass  # recorded as failed by put
+            except Exception:  # the agent's own fault: nothing recorded, the next heartbeat tries again
+                log.exception("could not start desired workload %s", session_id)
 
     def _record_refusal(self, session_id: str, reason: str) -> None:
         with self._lock:

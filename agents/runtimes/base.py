@@ -28,7 +28,14 @@ _RUNTIMES: dict[str, type[Runtime]] = {}
 
 
 class RuntimeStartError(Exception):
-    """A workload that could not be started; the message says why."""
+    """A workload this runtime refuses or cannot start; the message says why and ``code`` names the
+    refusal for the API (docs/AGENT_PROTOCOL.md): ``environment_unusable`` (the spec's environment:
+    no such interpreter or image), ``sandbox_unavailable``, ``runtime_unavailable`` (the node cannot
+    run workloads now: no sandbox, no engine) or ``runtime_refused`` (the engine said no)."""
+
+    def __init__(self, message: str, *, code: str = "runtime_refused") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass(frozen=True)

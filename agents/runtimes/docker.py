@@ -140,7 +140,9 @@ class DockerRuntime(Runtime):
                 self._client.ping()
             except docker.errors.DockerException as exc:
                 self._client = None
-                raise RuntimeStartError(f"the Docker engine cannot be reached: {exc}")
+                raise RuntimeStartError(
+                    f"the Docker engine cannot be reached: {exc}", code="runtime_unavailable"
+                )
         return self._client
 
     def start(self, spec: WorkloadSpec, plan: GpuPlan) -> DockerHandle:
@@ -168,6 +170,8 @@ class DockerRuntime(Runtime):
             pass
         try:
             container = client.containers.run(**kwargs)
+        except docker.errors.ImageNotFound as exc:
+            raise RuntimeStartError(f"no image {kwargs['image']}: {exc}", code="environment_unusable")
         except docker.errors.DockerException as exc:
             raise RuntimeStartError(f"docker could not start the container: {exc}")
         return DockerHandle(

@@ -134,7 +134,7 @@ class ProcessRuntime(Runtime):
             try:
                 sandbox.probe(shutil.which("bwrap"))
             except sandbox.SandboxUnavailable as exc:
-                raise RuntimeStartError(str(exc))
+                raise RuntimeStartError(str(exc), code="sandbox_unavailable")
             self._probed = "bwrap"
         return self._probed
 
@@ -160,7 +160,9 @@ class ProcessRuntime(Runtime):
             sandbox.own(private, uid)
         python = spec.environment.python or sys.executable
         if not os.access(python, os.X_OK):
-            raise RuntimeStartError(f"environment.python {python} is not an executable")
+            raise RuntimeStartError(
+                f"environment.python {python} is not an executable", code="environment_unusable"
+            )
         # sun_path holds 108 bytes: inside the sandbox the socket has a short fixed path; without one a
         # path too long is bound through a short link to its folder.
         sock = f"{inside}/{SOCK_NAME}" if mode == "bwrap" else short_socket_path(private)

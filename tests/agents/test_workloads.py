@@ -19,7 +19,7 @@ from agents.gpuplan import GpuPlan, HostGpuTools, PlanError
 from agents.nvml import GpuReader, nvml_source
 from agents.runtimes import Runtime, RuntimeHandle, RuntimeOptions, RuntimeStartError, runtime_class
 from agents.spec import WorkloadSpec, parse_spec
-from agents.workloads import WorkloadConflict, Workloads, WorkloadStartFailed, WorkloadStopping
+from agents.workloads import WorkloadConflict, WorkloadRefused, Workloads, WorkloadStopping
 from tests.agents.conftest import CI_FLEET, workload_spec
 
 PROMPT_SECONDS = 5.0  # far more than any table operation takes, far less than a gated start
@@ -195,11 +195,12 @@ def test_a_delete_during_a_start_waits_for_it_then_stops_what_it_started(workloa
 
 
 def test_a_refused_start_is_recorded_failed_and_frees_its_slots(workloads, gpu):
-    workloads.runtime.refuse["bad-1"] = RuntimeStartError("the image does not exist")
-    with pytest.raises(WorkloadStartFailed):
+    workloads.runtime.refuse["bad-1"] = RuntimeStartError("no such image", code="environment_unusable")
+    with pytest.raises(WorkloadRefused) as refused:
         workloads.put(_spec("bad-1", gpu, 0))
+    assert refused.value.code == "environment_unusable"
     failed = workloads.get("bad-1")
-    assert failed.state == "failed" and "the image does not exist" in failed.exit_reason
+    assert failed.state == "failed" and "no such image" in failed.exit_reason
     assert workloads.put(_spec("good-1", gpu, 0))[0] is True
 
 
