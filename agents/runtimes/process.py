@@ -43,6 +43,9 @@ from agents.spec import WorkloadSpec
 
 STOP_WAIT_SECONDS = 12.0
 SOCK_NAME = "jupyter.sock"
+CONFIG_NAME = "jupyter_server_config.json"  # in the private folder: the Jupyter token, mode 0600
+EXIT_NAME = "exit.json"  # in the run folder: the launcher's record of how the workload ended
+LOG_NAME = "workload.log"
 SANDBOX_SOCK_DIR = "/run/jupyter"
 
 
@@ -139,30 +142,15 @@ class ProcessRuntime(Runtime):
         return self._probed
 
     def start(self, spec: WorkloadSpec, plan: GpuPlan) -> ProcessHandle:
-        state_dir = self.options.state_dir
         mode = self.sandbox_in_use()
-        home = state_dir / "homes" / spec.user
-        run_dir = state_dir / "run" / spec.session_id
-        private = run_dir / "private"  # the workload's own: its Jupyter config, socket and runtime files
-        home.mkdir(parents=True, exist_ok=True, mode=0o700)
-        if run_dir.exists():
-            shutil.rmtree(run_dir)
-        run_dir.mkdir(parents=True, mode=0o700)
-        (private / "runtime").mkdir(parents=True, mode=0o700)
-        uid = self.uids.for_user(spec.user) if mode == "bwrap" and os.geteuid() == 0 else None
-        inside = sandbox.PRIVATE_DIR if mode == "bwrap" else str(private)
-        config_file = private / "jupyter_server_config.json"
-        fd = os.open(config_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as config:
-            json.dump({"IdentityProvider": {"token": spec.token}}, config)
-        if uid is not None:
-            sandbox.own(home, uid)
-            sandbox.own(private, uid)
         python = spec.environment.python or sys.executable
-        if not os.access(python, os.X_OK):
+        if not os.access(python, os.X_OK):  # refused before anything is made for it
             raise RuntimeStartError(
                 f"environment.python {python} is not an executable", code="environment_unusable"
             )
+        uid = self.uids.for_user(spec.user) if mode == "bwrap" and os.geteuid() == 0 else None
+        home, private = self._folders(spec, uid)
+        inside = sandbox.PRIVATE_DIR if mode == "bwrap" else str(private)
         # sun_path holds 108 bytes: inside the sandbox the socket has a short fixed path; without one a
         # path too long is bound through a short link to its folder.
         sock = f"{inside}/{SOCK_NAME}" if mode == "bwrap" else short_socket_path(private)
@@ -172,7 +160,7 @@ class ProcessRuntime(Runtime):
             sock=sock,
             base_url=spec.base_url,
             root_dir=home_seen,
-            config_file=f"{inside}/{config_file.name}",
+            config_file=f"{inside}/{CONFIG_NAME}",
             as_root=uid is None and os.geteuid() == 0,
         )
         env = {
@@ -195,34 +183,91 @@ class ProcessRuntime(Runtime):
             command = egress.relay_command(python, command)
             env |= egress.proxy_env()
         if mode == "bwrap":
-            command = sandbox.bwrap_command(
-                bwrap=shutil.which("bwrap") or "bwrap",
-                user=spec.user,
-                uid=uid,
-                home=home,
-                private=private,
-                hidden=[str(state_dir), *self.options.sandbox_hide],
-                # the environment, and the interpreter a virtualenv links to (pyenv's lives under /root)
-                kept=[
-                    str(Path(python).parent.parent),
-                    str(Path(os.path.realpath(python)).parent.parent),
-                    *(m.source for m in plan.mounts if m.read_only),
-                ],
-                writable=[m.source for m in plan.mounts if not m.read_only],
-                device_dir=self.options.device_dir,
-                device_nodes=plan.device_nodes,
-                command=command,
-                preload_file=preload_file,
-                egress_dir=egress_dir,
+            command = self._sandboxed(
+                command, spec, plan, python, uid=uid, home=home, private=private, preload_file=preload_file
             )
         limits = self._limits(spec)
-        exit_file = run_dir / "exit.json"
-        log_file = run_dir / "workload.log"
-        launch = [sys.executable, "-I", launcher.__file__, "--exit-file", str(exit_file)]
+        run_dir = private.parent
+        child = self._launch(command, env, run_dir=run_dir, limits=limits)
+        return ProcessHandle(
+            base_url=spec.base_url,
+            upstream_url=f"unix:{private / SOCK_NAME}",
+            socket_path=str(private / SOCK_NAME),
+            run_dir=str(run_dir),
+            enforcement=enforcement(plan, device_isolated=mode == "bwrap", preload_pinned=bool(preload_file)),
+            pid=child.pid,
+            pid_start_ticks=process_start_ticks(child.pid),
+            exit_file=str(run_dir / EXIT_NAME),
+            log_file=str(run_dir / LOG_NAME),
+            home=str(home),
+            home_in_sandbox=home_seen,
+            sandbox=mode,
+            outbound="egress-proxy" if egress_dir else "off",
+            uid=uid if uid is not None else os.geteuid(),
+            limits=limits,
+        )
+
+    def _folders(self, spec: WorkloadSpec, uid: int | None) -> tuple[Path, Path]:
+        """The user's home (kept) and a fresh private folder for the session (Jupyter's config with
+        the token, its socket and runtime files), owned by the sandbox's uid when there is one."""
+        home = self.options.state_dir / "homes" / spec.user
+        run_dir = self.options.state_dir / "run" / spec.session_id
+        private = run_dir / "private"
+        home.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if run_dir.exists():
+            shutil.rmtree(run_dir)
+        run_dir.mkdir(parents=True, mode=0o700)
+        (private / "runtime").mkdir(parents=True, mode=0o700)
+        fd = os.open(private / CONFIG_NAME, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as config:
+            json.dump({"IdentityProvider": {"token": spec.token}}, config)
+        if uid is not None:
+            sandbox.own(home, uid)
+            sandbox.own(private, uid)
+        return home, private
+
+    def _sandboxed(
+        self,
+        command: list[str],
+        spec: WorkloadSpec,
+        plan: GpuPlan,
+        python: str,
+        *,
+        uid: int | None,
+        home: Path,
+        private: Path,
+        preload_file: str | None,
+    ) -> list[str]:
+        return sandbox.bwrap_command(
+            bwrap=shutil.which("bwrap") or "bwrap",
+            user=spec.user,
+            uid=uid,
+            home=home,
+            private=private,
+            hidden=[str(self.options.state_dir), *self.options.sandbox_hide],
+            # the environment, and the interpreter a virtualenv links to (pyenv's lives under /root)
+            kept=[
+                str(Path(python).parent.parent),
+                str(Path(os.path.realpath(python)).parent.parent),
+                *(m.source for m in plan.mounts if m.read_only),
+            ],
+            writable=[m.source for m in plan.mounts if not m.read_only],
+            device_dir=self.options.device_dir,
+            device_nodes=plan.device_nodes,
+            command=command,
+            preload_file=preload_file,
+            egress_dir=self.options.egress_dir,
+        )
+
+    def _launch(
+        self, command: list[str], env: dict[str, str], *, run_dir: Path, limits: dict
+    ) -> subprocess.Popen:
+        """The launcher (agents/runtimes/launcher.py) running ``command`` in a session of its own."""
+        launch = [sys.executable, "-I", launcher.__file__, "--exit-file", str(run_dir / EXIT_NAME)]
         if limits["cpus"]:
             launch += ["--cpus", ",".join(map(str, limits["cpus"]))]
         launch += ["--rlimit-data-bytes", str(limits["rlimit_data_bytes"]), "--", *command]
-        with open(log_file, "ab") as log:
+        with open(run_dir / LOG_NAME, "ab") as log:
             child = subprocess.Popen(  # noqa: S603
                 launch,
                 env=env,
@@ -233,23 +278,7 @@ class ProcessRuntime(Runtime):
                 start_new_session=True,  # its own session: an agent restart leaves it running
             )
         self._children[child.pid] = child
-        return ProcessHandle(
-            base_url=spec.base_url,
-            upstream_url=f"unix:{private / SOCK_NAME}",
-            socket_path=str(private / SOCK_NAME),
-            run_dir=str(run_dir),
-            enforcement=enforcement(plan, device_isolated=mode == "bwrap", preload_pinned=bool(preload_file)),
-            pid=child.pid,
-            pid_start_ticks=process_start_ticks(child.pid),
-            exit_file=str(exit_file),
-            log_file=str(log_file),
-            home=str(home),
-            home_in_sandbox=home_seen,
-            sandbox=mode,
-            outbound="egress-proxy" if egress_dir else "off",
-            uid=uid if uid is not None else os.geteuid(),
-            limits=limits,
-        )
+        return child
 
     def _preload_file(self, library: str) -> str:
         """``<state>/vgpu/sandbox-ld.so.preload``, naming the library at its host path (which the
@@ -266,9 +295,7 @@ class ProcessRuntime(Runtime):
 
     def jupyter_token(self, handle: ProcessHandle) -> str | None:
         try:
-            config = json.loads(
-                (Path(handle.run_dir or "") / "private" / "jupyter_server_config.json").read_text()
-            )
+            config = json.loads((Path(handle.run_dir or "") / "private" / CONFIG_NAME).read_text())
             return config["IdentityProvider"]["token"]
         except (OSError, ValueError, KeyError, TypeError):
             return None

@@ -106,3 +106,17 @@ def test_no_agent_module_imports_inside_a_function_or_a_type_checking_block():
             if in_function or (isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)):
                 lazy |= {f"{path.relative_to(REPO)}:{n.lineno}" for n in ast.walk(node) if _imported(n)}
     assert sorted(lazy) == []
+
+
+MAX_FUNCTION_LINES = 80
+
+
+def test_no_agent_function_is_longer_than_80_lines():
+    long = []
+    for path in sorted(AGENTS.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({lines} lines)")
+    assert long == []
