@@ -292,11 +292,14 @@ class Workloads:
                 if workload.handle.run_dir:
                     shutil.rmtree(workload.handle.run_dir, ignore_errors=True)
             with self._lock:
-                if self._table.get(session_id) is workload:
-                    if workload.live and workload.handle is not None:
-                        self.mps.release(session_id, workload.plan)
+                ended_here = self._table.get(session_id) is workload
+                # live until now: no refresh saw it end, so its MPS share is released here, once
+                holds_mps = ended_here and workload.live and workload.handle is not None
+                if ended_here:
                     del self._table[session_id]
                     self._forget(session_id)
+            if holds_mps:
+                self.mps.release(session_id, workload.plan)
         return True
 
     def get(self, session_id: str) -> Workload | None:
@@ -314,8 +317,10 @@ class Workloads:
     # -- watching -----------------------------------------------------------------------------
     def refresh(self) -> None:
         """One pass over live workloads: note which answer, which ended, which never started. The
-        runtime is asked (and a workload past its start deadline stopped) without the table's lock."""
+        runtime is asked, a workload past its start deadline stopped and an MPS daemon told to quit
+        without the table's lock."""
         warm: list[Workload] = []
+        ended: list[Workload] = []  # by itself, or stopped below: each releases its MPS share once
         expired: list[Workload] = []
         for workload in self.all():
             if not workload.live or workload.handle is None:
@@ -333,24 +338,26 @@ class Workloads:
                 if reason is not None:
                     workload.state = "exited" if workload.state == "running" else "failed"
                     workload.exit_reason = reason
-                    self.mps.release(workload.session_id, workload.plan)
+                    ended.append(workload)
                 else:
                     workload.last_alive_at = now_iso()
                     if ready:
                         workload.state = "running"
                         warm.append(workload)
                     elif workload.state == "starting" and time.monotonic() > workload.start_deadline:
-                        self.mps.release(workload.session_id, workload.plan)
                         workload.state = "failed"
                         workload.exit_reason = (
                             f"Jupyter did not answer within {self.start_timeout_seconds:.0f} s"
                         )
                         expired.append(workload)
+                        ended.append(workload)
                 if (workload.state, workload.exit_reason) != before:
                     self._save(workload)
         for workload in expired:
             with workload.runtime_lock:
                 self.runtime.stop(workload.handle)
+        for workload in ended:
+            self.mps.release(workload.session_id, workload.plan)
         for workload in warm:
             if workload.token:
                 threading.Thread(target=self._warm_up, args=(workload,), name="warm-up", daemon=True).start()
