@@ -13,14 +13,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
+from agents.api import AgentApi, make_server
 from agents.gpuplan import GpuPlan, HostGpuTools, PlanError
 from agents.nvml import GpuReader, nvml_source
 from agents.runtimes import Runtime, RuntimeHandle, RuntimeOptions, RuntimeStartError, runtime_class
 from agents.spec import WorkloadSpec, parse_spec
 from agents.workloads import WorkloadConflict, WorkloadRefused, Workloads, WorkloadStopping
-from tests.agents.conftest import CI_FLEET, workload_spec
+from tests.agents.conftest import CI_FLEET, NODE_TOKEN, workload_spec
 
 PROMPT_SECONDS = 5.0  # far more than any table operation takes, far less than a gated start
 GATE_SECONDS = 60.0
@@ -85,15 +87,18 @@ def gpu(workloads: Workloads) -> str:
     return workloads.reader.inventory()["gpus"][0]["uuid"]
 
 
-def _spec(session_id: str, gpu: str, slot_start: int, **overrides: Any) -> WorkloadSpec:
-    allocation = {
+def _allocation(gpu: str, slot_start: int) -> dict:
+    return {
         "device_uuid": gpu,
         "profile": "1/4",
         "slot_start": slot_start,
         "slot_count": 2,
         "sharing_policy": "best-effort",
     }
-    return parse_spec(workload_spec(session_id, allocation, **overrides))
+
+
+def _spec(session_id: str, gpu: str, slot_start: int) -> WorkloadSpec:
+    return parse_spec(workload_spec(session_id, _allocation(gpu, slot_start)))
 
 
 class Call(threading.Thread):
@@ -211,3 +216,34 @@ def test_an_unexpected_error_in_a_start_leaves_no_entry(workloads, gpu):
     assert workloads.get("bug-1") is None
     workloads.runtime.refuse.clear()
     assert workloads.put(_spec("bug-1", gpu, 0))[0] is True  # tried again from scratch
+
+
+def test_the_api_answers_while_a_put_waits_for_its_start(workloads, gpu):
+    server = make_server(
+        "127.0.0.1",
+        0,
+        AgentApi(token=NODE_TOKEN, workloads=workloads, runtime_name="test-gated", nvml_name="fake"),
+    )
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    headers = {"Authorization": f"Bearer {NODE_TOKEN}"}
+    api = httpx.Client(base_url=f"http://127.0.0.1:{server.server_address[1]}", headers=headers, timeout=30)
+    spec = workload_spec("api-1", _allocation(gpu, 0))
+    workloads.runtime.hold("api-1")
+    put = Call(lambda: api.put("/v1/workloads/api-1", json=spec))
+    try:
+        assert workloads.runtime.entered["api-1"].wait(GATE_SECONDS)
+        assert prompt(lambda: api.get("/v1/health")).json()["workloads"] == 1
+        listed = prompt(lambda: api.get("/v1/workloads")).json()["workloads"]
+        assert [(w["session_id"], w["state"]) for w in listed] == [("api-1", "starting")]
+        again = prompt(lambda: api.put("/v1/workloads/api-1", json=spec))
+        assert again.status_code == 200 and again.json()["state"] == "starting"
+        busy = prompt(
+            lambda: api.put("/v1/workloads/api-2", json=workload_spec("api-2", _allocation(gpu, 0)))
+        )
+        assert busy.status_code == 409 and busy.json()["error"]["code"] == "gpu_busy"
+    finally:
+        workloads.runtime.gates["api-1"].set()
+    assert put.outcome().status_code == 201
+    api.close()
+    server.shutdown()
+    server.server_close()
