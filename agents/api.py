@@ -16,13 +16,25 @@ from typing import Any
 
 from agents import __version__, gateway, prometheus
 from agents.gpuplan import PlanError
+from agents.runtimes import RuntimeHandle
 from agents.spec import SpecError, parse_spec
-from agents.workloads import WorkloadConflict, Workloads, WorkloadStartFailed
+from agents.workloads import WorkloadConflict, WorkloadRefused, Workloads, WorkloadStopping
 
 log = logging.getLogger("agents.api")
 MAX_BODY_BYTES = 1 << 20
 _WORKLOAD_PATH = re.compile(r"^/v1/workloads/(?P<sid>[^/]+)$")
 GATEWAY_PREFIX = "/jupyter/"
+# A PUT the node refuses is a 4xx naming why (docs/AGENT_PROTOCOL.md): 422 for a valid spec this node
+# can never serve, 409 for one its present state refuses; 5xx only for the agent's own faults.
+REFUSAL_STATUS = {
+    "invalid_allocation": 422,
+    "environment_unusable": 422,
+    "gpu_busy": 409,
+    "mps_unavailable": 409,
+    "sandbox_unavailable": 409,
+    "runtime_unavailable": 409,
+    "runtime_refused": 409,
+}
 
 
 class ApiError(Exception):
@@ -45,22 +57,22 @@ class AgentApi:
             return False
         return hmac.compare_digest(header[len("Bearer ") :].strip().encode(), self.token)
 
-    def gateway_target(self, path: str) -> tuple[dict, str]:
-        """The runtime state and Jupyter token of the running workload a ``/jupyter/<id>/…`` path
+    def gateway_target(self, path: str) -> tuple[RuntimeHandle, str]:
+        """The runtime handle and Jupyter token of the running workload a ``/jupyter/<id>/…`` path
         names; ApiError 404 for a session this agent does not run, 503 while it cannot answer."""
         session_id = path[len(GATEWAY_PREFIX) :].split("/", 1)[0]
         workload = self.workloads.get(session_id)
         if (
             workload is None
             or not workload.live
-            or workload.runtime_state is None
+            or workload.handle is None
             or not path.startswith(workload.spec.get("base_url") or "/-/")
         ):
             raise ApiError(404, "not_found", "no such session on this node")
-        token = workload.token or self.workloads.runtime.jupyter_token(workload.runtime_state)
+        token = workload.token or self.workloads.runtime.jupyter_token(workload.handle)
         if not token:
             raise ApiError(503, "not_ready", "the workload's token is not known yet; try again shortly")
-        return workload.runtime_state, token
+        return workload.handle, token
 
     def route(self, method: str, path: str, body: bytes) -> tuple[int, Any]:
         workloads = self.workloads
@@ -115,11 +127,13 @@ class AgentApi:
                 f"a different spec already exists for {session_id}",
                 {"session_id": "already used"},
             )
+        except WorkloadStopping:
+            raise ApiError(409, "stopping", f"the workload {session_id} is being deleted; put it again after")
         except PlanError as exc:
-            status = 409 if exc.code == "gpu_busy" else 400
+            status = REFUSAL_STATUS.get(exc.code, 422)
             raise ApiError(status, exc.code, "the allocation cannot be served on this node", exc.fields)
-        except WorkloadStartFailed as exc:
-            raise ApiError(500, "start_failed", str(exc))
+        except WorkloadRefused as exc:
+            raise ApiError(REFUSAL_STATUS.get(exc.code, 409), exc.code, exc.reason)
         return (201 if created else 200), workload.status()
 
 
@@ -160,16 +174,16 @@ class _Handler(BaseHTTPRequestHandler):
                 raise ApiError(
                     401, "unauthorised", "a valid 'Authorization: Bearer <node token>' is required"
                 )
-            state, token = self.api.gateway_target(self.path.split("?", 1)[0])
+            handle, token = self.api.gateway_target(self.path.split("?", 1)[0])
         except ApiError as exc:
             self._discard_body()
             self._error(exc)
             return
         if "websocket" in (self.headers.get("Upgrade") or "").lower():
-            self._websocket(state, token)
+            self._websocket(handle, token)
             return
         try:
-            self._forward(method, state, token)
+            self._forward(method, handle, token)
         except (gateway.GatewayError, OSError, http.client.HTTPException) as exc:
             log.info("gateway %s %s: %s", method, self.path, exc)
             self.close_connection = True
@@ -185,7 +199,7 @@ class _Handler(BaseHTTPRequestHandler):
         elif length or self.headers.get("Transfer-Encoding"):
             self.close_connection = True
 
-    def _forward(self, method: str, state: dict, token: str) -> None:
+    def _forward(self, method: str, handle: RuntimeHandle, token: str) -> None:
         self._answered = False
         session_id = self.path[len(GATEWAY_PREFIX) :].split("/", 1)[0]
         headers = gateway.forwarded_headers(self.headers, token)
@@ -195,7 +209,7 @@ class _Handler(BaseHTTPRequestHandler):
             connection = self._upstreams.pop(session_id, None)
             reused = connection is not None and attempt == 0
             if connection is None:
-                connection = gateway.UpstreamConnection(state)
+                connection = gateway.UpstreamConnection(handle)
             try:
                 connection.putrequest(method, self.path, skip_host=True, skip_accept_encoding=True)
                 for name, value in headers:
@@ -263,11 +277,11 @@ class _Handler(BaseHTTPRequestHandler):
         self._headers_buffer.append(body)
         self.flush_headers()
 
-    def _websocket(self, state: dict, token: str) -> None:
+    def _websocket(self, handle: RuntimeHandle, token: str) -> None:
         """Rewrite the upgrade's head (the Jupyter token in, the node token out) and relay bytes."""
         self.close_connection = True
         try:
-            upstream = gateway.open_upstream(state)
+            upstream = gateway.open_upstream(handle)
         except (OSError, gateway.GatewayError) as exc:
             log.info("gateway websocket %s: %s", self.path, exc)
             self._error(ApiError(502, "upstream_unreachable", "the workload's JupyterLab is not answering"))
@@ -290,7 +304,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._gateway(method)
             return
         if self.path.split("?", 1)[0] == "/metrics":  # Prometheus's text format: agents/prometheus.py
-            self._send_metrics(*prometheus.answer(self.api, method, self.headers.get("Authorization")))
+            authorised = self.api.authorised(self.headers.get("Authorization"))
+            self._send_metrics(*prometheus.answer(self.api.workloads, method, authorised=authorised))
             return
         try:
             length = int(self.headers.get("Content-Length") or 0)

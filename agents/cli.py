@@ -15,16 +15,20 @@ import shutil
 import signal
 import sys
 import threading
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import NoReturn
 
 from agents import __version__
+from agents.api import AgentApi, make_server
 from agents.egress import EgressPolicy, EgressServer
 from agents.gpuplan import VGPU_LIB_TARGET, HostGpuTools
+from agents.heartbeat import Heartbeats
 from agents.nvml import GpuReader, nvml_source
 from agents.nvml.fleet import FleetError
-from agents.runtimes import RuntimeOptions, runtime_class, runtime_names
+from agents.runtimes import Runtime, RuntimeOptions, runtime_class, runtime_names
 from agents.sandbox import parse_uid_range
+from agents.workloads import Workloads
 
 log = logging.getLogger("agents")
 EXIT_USAGE = 2
@@ -128,68 +132,23 @@ def main(argv: list[str] | None = None) -> int:
         fail("--heartbeat-seconds must be positive")
     if args.portal and not args.portal.startswith(("http://", "https://")):
         fail(f"--portal must be an http(s) URL, got {args.portal!r}")
-    try:
-        token = Path(args.token_file).read_text().strip()
-    except OSError as exc:
-        fail(f"cannot read --token-file {args.token_file}: {exc.strerror}")
-    if len(token) < 16:
-        fail(f"the node token in {args.token_file} is shorter than 16 characters")
-
-    try:
-        source = nvml_source("fake", fleet_path=args.fleet) if args.fleet else nvml_source("real")
-        nvml = source.open()
-    except FleetError as exc:
-        fail(f"bad fleet file: {exc}")
-    except Exception as exc:  # pynvml.NVMLError_LibraryNotFound, DriverNotLoaded, …
-        fail(f"NVML is not available ({exc}); on a host without GPUs pass --fleet FILE")
-    reader = GpuReader(nvml)
-    reader.inventory()
+    token = node_token(args.token_file)
+    reader = gpu_reader(args.fleet)
 
     state_dir = Path(args.state_dir).absolute()
     try:
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as exc:
         fail(f"cannot create --state-dir {state_dir}: {exc.strerror}")
-    tools = host_gpu_tools(state_dir, vgpu_lib=args.vgpu_lib, mps_control=args.mps_control)
     try:
-        uids = parse_uid_range(args.sandbox_uids)
         policy = EgressPolicy(args.egress_deny, portal_url=args.portal)
     except ValueError as exc:
         fail(str(exc))
-    egress_dir = None
-    sandboxed = args.runtime == "docker" or (args.runtime == "process" and args.sandbox != "none")
-    if sandboxed and args.outbound == "on":
-        egress_dir = str(state_dir / "egress")
-    options = RuntimeOptions(
-        state_dir=state_dir,
-        sandbox=args.sandbox,
-        sandbox_uids=uids,
-        sandbox_hide=tuple(os.path.abspath(p) for p in args.sandbox_hide),
-        device_dir=args.device_dir,
-        egress_dir=egress_dir,
-        default_image=args.docker_image,
-    )
-    runtime = runtime_class(args.runtime)(options)
-    if args.runtime == "process":
-        try:
-            runtime.sandbox_in_use()
-        except Exception as exc:
-            fail(str(exc))
-        if args.sandbox == "none":
-            log.warning(
-                "--sandbox none: TENANT CODE RUNS UNSANDBOXED as %s, with this host's network and files. "
-                "Single-user development only; never on a host that serves other people.",
-                "root" if os.geteuid() == 0 else f"uid {os.geteuid()}",
-            )
-
-    from agents.api import AgentApi, make_server
-    from agents.heartbeat import Heartbeats
-    from agents.workloads import Workloads
-
+    runtime = workload_runtime(args, state_dir)
     workloads = Workloads(
         runtime=runtime,
         reader=reader,
-        tools=tools,
+        tools=host_gpu_tools(state_dir, vgpu_lib=args.vgpu_lib, mps_control=args.mps_control),
         state_dir=state_dir,
         start_timeout_seconds=args.start_timeout_seconds,
     )
@@ -204,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         reason = "address already in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
         fail(f"cannot listen on {host}:{port}: {reason}")
+    egress_dir = runtime.options.egress_dir
     if egress_dir:
         try:
             EgressServer(egress_dir, policy).start()
@@ -220,11 +180,6 @@ def main(argv: list[str] | None = None) -> int:
         len(reader.inventory()["gpus"]),
         len(adopted),
     )
-
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
-    threading.Thread(target=server.serve_forever, name="api", daemon=True).start()
     heartbeats = None
     if args.portal:
         heartbeats = Heartbeats(
@@ -235,6 +190,73 @@ def main(argv: list[str] | None = None) -> int:
             workloads=workloads,
             interval_seconds=args.heartbeat_seconds,
         )
+    serve(server, workloads, heartbeats)
+    return 0
+
+
+def node_token(path: str) -> str:
+    try:
+        token = Path(path).read_text().strip()
+    except OSError as exc:
+        fail(f"cannot read --token-file {path}: {exc.strerror}")
+    if len(token) < 16:
+        fail(f"the node token in {path} is shorter than 16 characters")
+    return token
+
+
+def gpu_reader(fleet: str | None) -> GpuReader:
+    """The real NVML, or a fake one built from a fleet file; its inventory read once."""
+    try:
+        source = nvml_source("fake", fleet_path=fleet) if fleet else nvml_source("real")
+        nvml = source.open()
+    except FleetError as exc:
+        fail(f"bad fleet file: {exc}")
+    except Exception as exc:  # pynvml.NVMLError_LibraryNotFound, DriverNotLoaded, …
+        fail(f"NVML is not available ({exc}); on a host without GPUs pass --fleet FILE")
+    reader = GpuReader(nvml)
+    reader.inventory()
+    return reader
+
+
+def workload_runtime(args: argparse.Namespace, state_dir: Path) -> Runtime:
+    """The runtime the options name, its sandbox checked (the process runtime refuses to run
+    without one unless told --sandbox none)."""
+    try:
+        uids = parse_uid_range(args.sandbox_uids)
+    except ValueError as exc:
+        fail(str(exc))
+    sandboxed = args.runtime == "docker" or (args.runtime == "process" and args.sandbox != "none")
+    options = RuntimeOptions(
+        state_dir=state_dir,
+        sandbox=args.sandbox,
+        sandbox_uids=uids,
+        sandbox_hide=tuple(os.path.abspath(p) for p in args.sandbox_hide),
+        device_dir=args.device_dir,
+        egress_dir=str(state_dir / "egress") if sandboxed and args.outbound == "on" else None,
+        default_image=args.docker_image,
+    )
+    runtime = runtime_class(args.runtime)(options)
+    if args.runtime == "process":
+        try:
+            runtime.sandbox_in_use()
+        except Exception as exc:
+            fail(str(exc))
+        if args.sandbox == "none":
+            log.warning(
+                "--sandbox none: TENANT CODE RUNS UNSANDBOXED as %s, with this host's network and files. "
+                "Single-user development only; never on a host that serves other people.",
+                "root" if os.geteuid() == 0 else f"uid {os.geteuid()}",
+            )
+    return runtime
+
+
+def serve(server: ThreadingHTTPServer, workloads: Workloads, heartbeats: Heartbeats | None) -> None:
+    """Serve the API and beat until SIGTERM or SIGINT, watching the workloads; leave them running."""
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    threading.Thread(target=server.serve_forever, name="api", daemon=True).start()
+    if heartbeats:
         heartbeats.start()
     while not stop.wait(STARTING_MONITOR_SECONDS if workloads.starting() else MONITOR_SECONDS):
         try:
@@ -246,7 +268,6 @@ def main(argv: list[str] | None = None) -> int:
         heartbeats.stop()
     server.shutdown()
     server.server_close()
-    return 0
 
 
 def host_gpu_tools(state_dir: Path, *, vgpu_lib: str, mps_control: str) -> HostGpuTools:

@@ -19,6 +19,7 @@ import json
 import os
 import socket
 import threading
+from typing import Protocol
 from urllib.parse import urlsplit
 
 CHUNK = 64 * 1024
@@ -58,6 +59,16 @@ class GatewayError(Exception):
     """The workload's JupyterLab could not be reached."""
 
 
+class Upstream(Protocol):
+    """Where a workload's JupyterLab answers: what the gateway reads of a runtime's handle."""
+
+    @property
+    def socket_path(self) -> str | None: ...
+
+    @property
+    def upstream_url(self) -> str: ...
+
+
 def connect_unix(path: str, timeout: float = CONNECT_TIMEOUT_SECONDS) -> socket.socket:
     """A connected Unix stream socket; a path too long for ``sun_path`` is reached through a
     descriptor of its folder (``/proc/self/fd/N/name``)."""
@@ -79,13 +90,13 @@ def connect_unix(path: str, timeout: float = CONNECT_TIMEOUT_SECONDS) -> socket.
     return sock
 
 
-def open_upstream(state: dict, timeout: float = CONNECT_TIMEOUT_SECONDS) -> socket.socket:
+def open_upstream(handle: Upstream, timeout: float = CONNECT_TIMEOUT_SECONDS) -> socket.socket:
     """A socket to the workload's JupyterLab: its Unix socket, else the loopback port it published."""
-    if state.get("socket"):
-        return connect_unix(state["socket"], timeout)
-    parts = urlsplit(state.get("upstream") or "")
+    if handle.socket_path:
+        return connect_unix(handle.socket_path, timeout)
+    parts = urlsplit(handle.upstream_url or "")
     if parts.scheme != "http" or parts.hostname not in ("127.0.0.1", "localhost", "::1"):
-        raise GatewayError(f"no local upstream for this workload ({state.get('upstream')!r})")
+        raise GatewayError(f"no local upstream for this workload ({handle.upstream_url!r})")
     sock = socket.create_connection((parts.hostname, parts.port or 80), timeout=timeout)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return sock
@@ -94,20 +105,20 @@ def open_upstream(state: dict, timeout: float = CONNECT_TIMEOUT_SECONDS) -> sock
 class UpstreamConnection(http.client.HTTPConnection):
     """``http.client`` over whatever ``open_upstream`` gives for a workload."""
 
-    def __init__(self, state: dict) -> None:
+    def __init__(self, handle: Upstream) -> None:
         super().__init__("localhost", timeout=READ_TIMEOUT_SECONDS)
-        self._state = state
+        self._handle = handle
 
     def connect(self) -> None:
         try:
-            self.sock = open_upstream(self._state)
+            self.sock = open_upstream(self._handle)
         except OSError as exc:
             raise GatewayError(f"cannot connect to the workload: {exc}") from exc
         self.sock.settimeout(self.timeout)
 
 
 def local_request(
-    state: dict,
+    handle: Upstream,
     method: str,
     path: str,
     headers: dict[str, str],
@@ -115,7 +126,7 @@ def local_request(
     timeout: float = 1.0,
 ) -> tuple[int, bytes]:
     """One request to the workload's JupyterLab; its status and body."""
-    connection = UpstreamConnection(state)
+    connection = UpstreamConnection(handle)
     connection.timeout = timeout
     try:
         connection.request(method, path, body=body, headers={"Host": "localhost", **headers})
@@ -125,9 +136,9 @@ def local_request(
         connection.close()
 
 
-def local_get(state: dict, path: str, headers: dict[str, str], timeout: float = 1.0) -> int:
+def local_get(handle: Upstream, path: str, headers: dict[str, str], timeout: float = 1.0) -> int:
     """One GET to the workload's JupyterLab; its status (readiness checks)."""
-    return local_request(state, "GET", path, headers, timeout=timeout)[0]
+    return local_request(handle, "GET", path, headers, timeout=timeout)[0]
 
 
 # The notebook a session opens on (the portal's "Open JupyterLab" links to lab/tree/<it>).
@@ -144,21 +155,21 @@ WELCOME_CELLS = [
 ]  # fmt: skip
 
 
-def warm_up(state: dict, base_url: str, token: str, timeout: float = 10.0) -> bool:
+def warm_up(handle: Upstream, base_url: str, token: str, timeout: float = 10.0) -> bool:
     """Have a kernel running for the welcome notebook before the user opens JupyterLab: it starts
     while the page loads instead of after. The notebook is made (by Jupyter, as the workload's user)
     only if the home has none. Returns whether the kernel session was created."""
     headers = {"Authorization": f"token {token}", "Content-Type": "application/json"}
     contents = f"{base_url}api/contents/{WELCOME_NOTEBOOK}"
-    if local_request(state, "GET", f"{contents}?content=0", headers, timeout=timeout)[0] == 404:
+    if local_request(handle, "GET", f"{contents}?content=0", headers, timeout=timeout)[0] == 404:
         metadata = {"kernelspec": {"name": "python3", "display_name": "Python 3"}}
         content = {"cells": WELCOME_CELLS, "metadata": metadata, "nbformat": 4, "nbformat_minor": 5}
         notebook = {"type": "notebook", "format": "json", "content": content}
-        local_request(state, "PUT", contents, headers, json.dumps(notebook).encode(), timeout=timeout)
+        local_request(handle, "PUT", contents, headers, json.dumps(notebook).encode(), timeout=timeout)
     kernel = {"name": "python3"}
     session = {"path": WELCOME_NOTEBOOK, "name": WELCOME_NOTEBOOK, "type": "notebook", "kernel": kernel}
     status, _ = local_request(
-        state, "POST", f"{base_url}api/sessions", headers, json.dumps(session).encode(), timeout=timeout
+        handle, "POST", f"{base_url}api/sessions", headers, json.dumps(session).encode(), timeout=timeout
     )
     return status == 201
 

@@ -168,7 +168,15 @@ def gpu_plan(
     ``running`` are the shares already served on this host (other sessions); a plan that would mix
     policies on one GPU, or overlap their slots, is refused.
     """
-    a = allocation
+    gpu, mig, size = _checked_device(allocation, inventory)
+    _check_slots(allocation, size)
+    _check_running(allocation, gpu["uuid"], running, session_id)
+    return _plan(allocation, gpu, mig, tools)
+
+
+def _checked_device(a: Allocation, inventory: Mapping) -> tuple[Mapping, Mapping | None, int]:
+    """The allocation's GPU, its MIG device (None for a physical GPU) and the slots its profile
+    takes, once the profile and the policy suit that device."""
     errors: dict[str, str] = {}
     if a.sharing_policy not in SHARING_POLICIES:
         errors[POLICY_FIELD] = f"must be one of {', '.join(SHARING_POLICIES)}"
@@ -184,44 +192,47 @@ def gpu_plan(
     gpu, mig = found
     if gpu.get("health") != "ok":
         raise PlanError({"allocation.device_uuid": "this GPU is lost (NVML reports it gone)"})
+    if mig is not None:
+        return gpu, mig, _mig_device_slots(a, mig, is_slice=is_slice, mig_slices=mig_slices)
+    return gpu, None, _gpu_slots(a, gpu, mig_slices=mig_slices)
 
-    if mig is not None:  # a MIG device
-        if is_slice:
-            raise PlanError(
-                {"allocation.profile": f"{a.profile} is a slice profile; a MIG device takes its MIG profile"}
-            )
-        device_slices = _mig_slices(mig.get("profile") or "")
-        if device_slices is not None and mig_slices > device_slices:
-            raise PlanError(
-                {"allocation.profile": f"{a.profile} is larger than the device ({mig.get('profile')})"}
-            )
-        if a.profile != mig.get("profile"):
-            raise PlanError(
-                {"allocation.profile": f"the device is a {mig.get('profile')}, not a {a.profile}"}
-            )
-        size = SLOTS_PER_GPU
-        if a.sharing_policy != "exclusive":
-            raise PlanError({POLICY_FIELD: "a MIG device is passed through: use exclusive"})
-    else:  # a physical GPU
-        if mig_slices is not None:
-            if gpu.get("mig_mode"):
-                raise PlanError(
-                    {"allocation.device_uuid": "a MIG profile names a MIG device (MIG-…), not its GPU"}
-                )
-            raise PlanError(
-                {"allocation.profile": f"{a.profile} is a MIG profile; this GPU is not in MIG mode"}
-            )
+
+def _mig_device_slots(a: Allocation, mig: Mapping, *, is_slice: bool, mig_slices: int | None) -> int:
+    if is_slice:
+        raise PlanError(
+            {"allocation.profile": f"{a.profile} is a slice profile; a MIG device takes its MIG profile"}
+        )
+    device_slices = _mig_slices(mig.get("profile") or "")
+    if device_slices is not None and mig_slices > device_slices:
+        raise PlanError(
+            {"allocation.profile": f"{a.profile} is larger than the device ({mig.get('profile')})"}
+        )
+    if a.profile != mig.get("profile"):
+        raise PlanError({"allocation.profile": f"the device is a {mig.get('profile')}, not a {a.profile}"})
+    if a.sharing_policy != "exclusive":
+        raise PlanError({POLICY_FIELD: "a MIG device is passed through: use exclusive"})
+    return SLOTS_PER_GPU
+
+
+def _gpu_slots(a: Allocation, gpu: Mapping, *, mig_slices: int | None) -> int:
+    if mig_slices is not None:
         if gpu.get("mig_mode"):
             raise PlanError(
-                {"allocation.profile": "this GPU is in MIG mode: allocate one of its MIG devices"}
+                {"allocation.device_uuid": "a MIG profile names a MIG device (MIG-…), not its GPU"}
             )
-        size = SLICE_PROFILES[a.profile]
-        if a.profile == "whole" and a.sharing_policy != "exclusive":
-            raise PlanError({POLICY_FIELD: "a whole card is passed through: use exclusive"})
-        if a.profile != "whole" and a.sharing_policy == "exclusive":
-            raise PlanError(
-                {POLICY_FIELD: f"a {a.profile} slice is shared: use one of {', '.join(SHARED_POLICIES)}"}
-            )
+        raise PlanError({"allocation.profile": f"{a.profile} is a MIG profile; this GPU is not in MIG mode"})
+    if gpu.get("mig_mode"):
+        raise PlanError({"allocation.profile": "this GPU is in MIG mode: allocate one of its MIG devices"})
+    if a.profile == "whole" and a.sharing_policy != "exclusive":
+        raise PlanError({POLICY_FIELD: "a whole card is passed through: use exclusive"})
+    if a.profile != "whole" and a.sharing_policy == "exclusive":
+        raise PlanError(
+            {POLICY_FIELD: f"a {a.profile} slice is shared: use one of {', '.join(SHARED_POLICIES)}"}
+        )
+    return SLICE_PROFILES[a.profile]
+
+
+def _check_slots(a: Allocation, size: int) -> None:
     if a.slot_count != size:
         raise PlanError(
             {"allocation.slot_count": f"profile {a.profile} takes {size} slots, not {a.slot_count}"}
@@ -233,7 +244,9 @@ def gpu_plan(
     if a.slot_start % size:
         raise PlanError({"allocation.slot_start": f"a slice of {size} slots starts at a multiple of {size}"})
 
-    gpu_uuid = gpu["uuid"]
+
+def _check_running(a: Allocation, gpu_uuid: str, running: Iterable[RunningShare], session_id: str) -> None:
+    """PlanError ``gpu_busy`` when the GPU serves another policy or the slots overlap another's."""
     for share in running:
         if share.session_id == session_id or share.gpu_uuid != gpu_uuid:
             continue
@@ -251,6 +264,10 @@ def gpu_plan(
                 code="gpu_busy",
             )
 
+
+def _plan(a: Allocation, gpu: Mapping, mig: Mapping | None, tools: HostGpuTools) -> GpuPlan:
+    """The plan of a checked allocation under its sharing policy."""
+    gpu_uuid = gpu["uuid"]
     device_memory_mib = (mig or gpu).get("memory_total_mib") or 0
     env = {"CUDA_VISIBLE_DEVICES": a.device_uuid, "NVIDIA_VISIBLE_DEVICES": a.device_uuid}
     memory_limit_mib = device_memory_mib * a.slot_count // SLOTS_PER_GPU
@@ -281,29 +298,7 @@ def gpu_plan(
             preload_vgpu=True,
         )
     if a.sharing_policy == "equal-share":
-        if tools.mps_control is None:
-            raise PlanError(
-                {POLICY_FIELD: f"equal-share needs NVIDIA MPS ({tools.mps_control_configured} not found)"}
-            )
-        pipe = f"{tools.mps_root}/{gpu_uuid}/pipe"
-        log = f"{tools.mps_root}/{gpu_uuid}/log"
-        env |= {
-            "CUDA_MPS_PIPE_DIRECTORY": pipe,
-            "CUDA_MPS_LOG_DIRECTORY": log,
-            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(percent),
-            # NVIDIA's form is "<ordinal>=<limit>": ordinals as the client enumerates its devices, and
-            # CUDA_VISIBLE_DEVICES leaves the workload exactly one, ordinal 0.
-            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={memory_limit_mib}M",
-        }
-        return GpuPlan(
-            **common,
-            env=env,
-            mounts=(Mount(pipe, pipe, read_only=False),),
-            memory_limit_mib=memory_limit_mib,
-            sm_percent=percent,
-            mps_pipe_directory=pipe,
-            mps_log_directory=log,
-        )
+        return _equal_share_plan(common, env, tools, memory_limit_mib=memory_limit_mib, percent=percent)
     # best-effort: time slicing, a memory cap only; enforced where libvgpu.so is present.
     env |= {"CUDA_DEVICE_MEMORY_LIMIT": f"{memory_limit_mib}m"}
     enforced = tools.vgpu_lib is not None and tools.vgpu_preload_file is not None
@@ -313,6 +308,34 @@ def gpu_plan(
         mounts=_vgpu_mounts(tools) if enforced else (),
         memory_limit_mib=memory_limit_mib,
         preload_vgpu=enforced,
+    )
+
+
+def _equal_share_plan(
+    common: dict, env: dict[str, str], tools: HostGpuTools, *, memory_limit_mib: int, percent: int
+) -> GpuPlan:
+    if tools.mps_control is None:
+        raise PlanError(
+            {POLICY_FIELD: f"equal-share needs NVIDIA MPS ({tools.mps_control_configured} not found)"}
+        )
+    pipe = f"{tools.mps_root}/{common['gpu_uuid']}/pipe"
+    log = f"{tools.mps_root}/{common['gpu_uuid']}/log"
+    env |= {
+        "CUDA_MPS_PIPE_DIRECTORY": pipe,
+        "CUDA_MPS_LOG_DIRECTORY": log,
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(percent),
+        # NVIDIA's form is "<ordinal>=<limit>": ordinals as the client enumerates its devices, and
+        # CUDA_VISIBLE_DEVICES leaves the workload exactly one, ordinal 0.
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={memory_limit_mib}M",
+    }
+    return GpuPlan(
+        **common,
+        env=env,
+        mounts=(Mount(pipe, pipe, read_only=False),),
+        memory_limit_mib=memory_limit_mib,
+        sm_percent=percent,
+        mps_pipe_directory=pipe,
+        mps_log_directory=log,
     )
 
 

@@ -22,13 +22,11 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-if TYPE_CHECKING:  # the API module imports this one
-    from agents.api import AgentApi
+from agents.workloads import Workloads
 
 GPU_LABELS = ["gpu", "UUID", "device", "modelName", "Hostname"]
 HOLDER_LABELS = ["session", "profile", "user"]
@@ -150,14 +148,13 @@ def exposition(*, inventory: Mapping, metrics: Mapping, workloads: Iterable[Mapp
     return generate_latest(registry)
 
 
-def answer(api: AgentApi, method: str, authorization: str | None) -> tuple[int, str, bytes]:
-    """``(status, content type, body)`` for a request to ``/metrics``: the node token is required,
-    as on every other path, and NVML is read afresh."""
-    if not api.authorised(authorization):
+def answer(workloads: Workloads, method: str, *, authorised: bool) -> tuple[int, str, bytes]:
+    """``(status, content type, body)`` for a request to ``/metrics``: the node token is required
+    (``authorised``: the API checked it, as on every other path), and NVML is read afresh."""
+    if not authorised:
         return 401, "text/plain; charset=utf-8", b"a valid 'Authorization: Bearer <node token>' is required\n"
     if method != "GET":
         return 405, "text/plain; charset=utf-8", f"{method} is not allowed on /metrics\n".encode()
-    workloads = api.workloads
     metrics, per_session = workloads.reader.metrics(workloads.pids_by_session(), workloads.gpu_of_session())
     rows = [{**w.status(per_session.get(w.session_id)), "user": w.spec.get("user")} for w in workloads.all()]
     body = exposition(

@@ -103,64 +103,70 @@ def parse_spec(body: Any, *, session_id: str | None = None) -> WorkloadSpec:
     if "base_url" in body and (not isinstance(base_url, str) or not BASE_URL_RE.match(base_url)):
         errors["base_url"] = "must be a path that starts and ends with /"
 
-    environment = None
-    env = body.get("environment")
-    if "environment" in body:
-        if not isinstance(env, dict):
-            errors["environment"] = "must be an object"
-        else:
-            _check_keys(env, "environment.", ("name", "python", "image"), errors)
-            if "name" in env and (not isinstance(env["name"], str) or not env["name"]):
-                errors["environment.name"] = "must be a non-empty string"
-            for key in ("python", "image"):
-                if env.get(key) is not None and (not isinstance(env[key], str) or not env[key]):
-                    errors[f"environment.{key}"] = "must be a non-empty string or null"
-            if (
-                env.get("python") is not None
-                and isinstance(env["python"], str)
-                and not env["python"].startswith("/")
-            ):
-                errors["environment.python"] = "must be an absolute path or null"
-            if not any(k.startswith("environment.") for k in errors):
-                environment = Environment(env["name"], env["python"], env["image"])
-
-    allocation = None
-    alloc = body.get("allocation")
-    if alloc is not None:
-        if not isinstance(alloc, dict):
-            errors["allocation"] = "must be an object or null"
-        else:
-            _check_keys(
-                alloc,
-                "allocation.",
-                ("device_uuid", "profile", "slot_start", "slot_count", "sharing_policy"),
-                errors,
-            )
-            for key in ("device_uuid", "profile", "sharing_policy"):
-                if key in alloc and (not isinstance(alloc[key], str) or not alloc[key]):
-                    errors[f"allocation.{key}"] = "must be a non-empty string"
-            for key in ("slot_start", "slot_count"):
-                if key in alloc and not _is_int(alloc[key]):
-                    errors[f"allocation.{key}"] = "must be an integer"
-            if not any(k.startswith("allocation.") for k in errors):
-                allocation = Allocation(**{k: alloc[k] for k in Allocation.__dataclass_fields__})
-
-    limits = None
-    lim = body.get("limits")
-    if "limits" in body:
-        if not isinstance(lim, dict):
-            errors["limits"] = "must be an object"
-        else:
-            _check_keys(lim, "limits.", ("cpu_cores", "memory_mib"), errors)
-            if "cpu_cores" in lim and (not _is_number(lim["cpu_cores"]) or not 0 < lim["cpu_cores"] <= 1024):
-                errors["limits.cpu_cores"] = "must be a number in (0, 1024]"
-            if "memory_mib" in lim and (
-                not _is_int(lim["memory_mib"]) or not 256 <= lim["memory_mib"] <= 1 << 24
-            ):
-                errors["limits.memory_mib"] = "must be an integer of at least 256"
-            if not any(k.startswith("limits.") for k in errors):
-                limits = Limits(float(lim["cpu_cores"]), lim["memory_mib"])
-
+    environment = _parse_environment(body, errors)
+    allocation = _parse_allocation(body, errors)
+    limits = _parse_limits(body, errors)
     if errors:
         raise SpecError(errors)
     return WorkloadSpec(sid, user, token, base_url, environment, allocation, limits)
+
+
+def _parse_environment(body: Mapping, errors: dict[str, str]) -> Environment | None:
+    """``body["environment"]``, or None with its faults added to ``errors``."""
+    env = body.get("environment")
+    if "environment" not in body:
+        return None
+    if not isinstance(env, dict):
+        errors["environment"] = "must be an object"
+        return None
+    _check_keys(env, "environment.", ("name", "python", "image"), errors)
+    if "name" in env and (not isinstance(env["name"], str) or not env["name"]):
+        errors["environment.name"] = "must be a non-empty string"
+    for key in ("python", "image"):
+        if env.get(key) is not None and (not isinstance(env[key], str) or not env[key]):
+            errors[f"environment.{key}"] = "must be a non-empty string or null"
+    if env.get("python") is not None and isinstance(env["python"], str) and not env["python"].startswith("/"):
+        errors["environment.python"] = "must be an absolute path or null"
+    if any(k.startswith("environment.") for k in errors):
+        return None
+    return Environment(env["name"], env["python"], env["image"])
+
+
+def _parse_allocation(body: Mapping, errors: dict[str, str]) -> Allocation | None:
+    """``body["allocation"]`` (None for a cpu session, or with its faults added to ``errors``)."""
+    alloc = body.get("allocation")
+    if alloc is None:
+        return None
+    if not isinstance(alloc, dict):
+        errors["allocation"] = "must be an object or null"
+        return None
+    _check_keys(
+        alloc, "allocation.", ("device_uuid", "profile", "slot_start", "slot_count", "sharing_policy"), errors
+    )
+    for key in ("device_uuid", "profile", "sharing_policy"):
+        if key in alloc and (not isinstance(alloc[key], str) or not alloc[key]):
+            errors[f"allocation.{key}"] = "must be a non-empty string"
+    for key in ("slot_start", "slot_count"):
+        if key in alloc and not _is_int(alloc[key]):
+            errors[f"allocation.{key}"] = "must be an integer"
+    if any(k.startswith("allocation.") for k in errors):
+        return None
+    return Allocation(**{k: alloc[k] for k in Allocation.__dataclass_fields__})
+
+
+def _parse_limits(body: Mapping, errors: dict[str, str]) -> Limits | None:
+    """``body["limits"]``, or None with its faults added to ``errors``."""
+    lim = body.get("limits")
+    if "limits" not in body:
+        return None
+    if not isinstance(lim, dict):
+        errors["limits"] = "must be an object"
+        return None
+    _check_keys(lim, "limits.", ("cpu_cores", "memory_mib"), errors)
+    if "cpu_cores" in lim and (not _is_number(lim["cpu_cores"]) or not 0 < lim["cpu_cores"] <= 1024):
+        errors["limits.cpu_cores"] = "must be a number in (0, 1024]"
+    if "memory_mib" in lim and (not _is_int(lim["memory_mib"]) or not 256 <= lim["memory_mib"] <= 1 << 24):
+        errors["limits.memory_mib"] = "must be an integer of at least 256"
+    if any(k.startswith("limits.") for k in errors):
+        return None
+    return Limits(float(lim["cpu_cores"]), lim["memory_mib"])

@@ -1,9 +1,12 @@
 """The agent's workloads: create, delete, watch, adopt after a restart, converge to the portal.
 
-One lock guards the table, so the check that a GPU serves one policy and the insert of a new
-workload are one step. Each workload's record is persisted as JSON under
-``<state-dir>/workloads/<session>.json`` (written atomically): the spec without its token (only its
-SHA-256), the GPU plan, the runtime's state, and the workload's state.
+One lock guards the table, and it is held only for steps that touch no runtime: the check that a
+GPU serves one policy and the reservation of a new workload (state ``starting``, no handle yet) are
+one step; the runtime starts with the lock released, and its result is recorded under it again.
+Each workload has its own lock for the runtime's work on it (start, stop), so a DELETE during a
+start waits for that start only and then stops what it started. Each workload's record is persisted
+as JSON under ``<state-dir>/workloads/<session>.json`` (written atomically): the spec without its
+token (only its SHA-256), the GPU plan, the runtime's handle, and the workload's state.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from agents import gateway
 from agents.gpuplan import GpuPlan, HostGpuTools, PlanError, cpu_plan, gpu_plan
 from agents.mps import MpsDaemons, MpsError
 from agents.nvml import GpuReader
-from agents.runtimes import Runtime, RuntimeStartError
+from agents.runtimes import Runtime, RuntimeHandle, RuntimeStartError
 from agents.runtimes.launcher import children_by_parent
 from agents.spec import SESSION_ID_RE, SpecError, WorkloadSpec, parse_spec
 
@@ -40,8 +43,17 @@ class WorkloadConflict(Exception):
     """A different spec is already there for this session id."""
 
 
-class WorkloadStartFailed(Exception):
-    pass
+class WorkloadStopping(Exception):
+    """The workload under this session id is being deleted."""
+
+
+class WorkloadRefused(Exception):
+    """The runtime (or MPS) refused to start the workload, which is recorded as failed; ``code``
+    names the refusal for the API."""
+
+    def __init__(self, code: str, reason: str) -> None:
+        super().__init__(reason)
+        self.code, self.reason = code, reason
 
 
 @dataclass
@@ -51,13 +63,16 @@ class Workload:
     fingerprint: str
     token_sha256: str
     plan: GpuPlan
-    runtime_state: dict | None
+    handle: RuntimeHandle | None  # None until the runtime started it
     state: str  # starting | running | exited | failed
     exit_reason: str | None = None
     started_at: str | None = None
     last_alive_at: str | None = None
     token: str | None = field(default=None, repr=False)  # memory only
     start_deadline: float = 0.0  # monotonic, while starting
+    stopping: bool = False  # a delete is under way: the entry keeps its GPU slots until the workload ended
+    # held while the runtime starts or stops this workload (never the table's lock)
+    runtime_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def record(self) -> dict:
         return {
@@ -66,7 +81,8 @@ class Workload:
             "fingerprint": self.fingerprint,
             "token_sha256": self.token_sha256,
             "plan": self.plan.to_json(),
-            "runtime_state": self.runtime_state,
+            # the key records had before the handle: an upgraded agent adopts what an older one started
+            "runtime_state": self.handle.to_json() if self.handle else None,
             "state": self.state,
             "exit_reason": self.exit_reason,
             "started_at": self.started_at,
@@ -78,8 +94,7 @@ class Workload:
         return {
             "session_id": self.session_id,
             "state": self.state,
-            "upstream": (self.runtime_state or {}).get("upstream"),
-            "enforcement": (self.runtime_state or {}).get("enforcement"),
+            **(self.handle.reported() if self.handle else {"upstream": None, "enforcement": None}),
             "exit_reason": self.exit_reason,
             "started_at": self.started_at,
             "last_alive_at": self.last_alive_at,
@@ -130,50 +145,84 @@ class Workloads:
         """Load the records a previous agent left; workloads still alive are adopted, those that
         ended meanwhile are marked exited (or failed if they never answered). Returns the ids."""
         adopted = []
-        with self._lock:
-            for path in sorted(self.records_dir.glob("*.json")):
-                try:
-                    record = json.loads(path.read_text())
-                    workload = Workload(
-                        session_id=record["session_id"],
-                        spec=record["spec"],
-                        fingerprint=record["fingerprint"],
-                        token_sha256=record["token_sha256"],
-                        plan=GpuPlan.from_json(record["plan"]),
-                        runtime_state=record["runtime_state"],
-                        state=record["state"],
-                        exit_reason=record.get("exit_reason"),
-                        started_at=record.get("started_at"),
-                        last_alive_at=record.get("last_alive_at"),
-                    )
-                except (OSError, ValueError, KeyError, TypeError) as exc:
-                    log.warning("ignoring unreadable workload record %s: %s", path, exc)
-                    continue
-                if workload.live:
-                    reason = (
-                        self.runtime.poll(workload.runtime_state)
-                        if workload.runtime_state
-                        else "never started"
-                    )
-                    if reason is None:
-                        workload.start_deadline = time.monotonic() + self.start_timeout_seconds
-                        self.mps.adopt(workload.session_id, workload.plan)
-                    else:
-                        workload.exit_reason = f"ended while the agent was down: {reason}"
-                        workload.state = "exited" if workload.state == "running" else "failed"
-                        self._save(workload)
+        for path in sorted(self.records_dir.glob("*.json")):
+            workload = self._load(path)
+            if workload is None:
+                continue
+            if workload.live:
+                reason = self.runtime.poll(workload.handle) if workload.handle else "never started"
+                if reason is None:
+                    workload.start_deadline = time.monotonic() + self.start_timeout_seconds
+                    self.mps.adopt(workload.session_id, workload.plan)
+                else:
+                    workload.exit_reason = f"ended while the agent was down: {reason}"
+                    workload.state = "exited" if workload.state == "running" else "failed"
+                    self._save(workload)
+            with self._lock:
                 self._table[workload.session_id] = workload
-                adopted.append(workload.session_id)
+            adopted.append(workload.session_id)
         return adopted
+
+    def _load(self, path: Path) -> Workload | None:
+        try:
+            record = json.loads(path.read_text())
+            persisted = record["runtime_state"]
+            return Workload(
+                session_id=record["session_id"],
+                spec=record["spec"],
+                fingerprint=record["fingerprint"],
+                token_sha256=record["token_sha256"],
+                plan=GpuPlan.from_json(record["plan"]),
+                handle=self.runtime.restore(persisted) if persisted else None,
+                state=record["state"],
+                exit_reason=record.get("exit_reason"),
+                started_at=record.get("started_at"),
+                last_alive_at=record.get("last_alive_at"),
+            )
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("ignoring unreadable workload record %s: %s", path, exc)
+            return None
 
     # -- commands -----------------------------------------------------------------------------
     def _running_shares(self) -> list:
         return [share for w in self._table.values() if w.live and (share := w.plan.share(w.session_id))]
 
     def put(self, spec: WorkloadSpec) -> tuple[bool, Workload]:
-        """Create the workload (True) or find the same one (False). Raises WorkloadConflict for a
-        different spec under the same id, PlanError for an allocation this host cannot serve,
-        WorkloadStartFailed when the runtime could not start it (recorded as failed)."""
+        """Create the workload (True) or find the same one (False), starting or not. The table's
+        lock is held to reserve the entry and to record the result, never while the runtime starts
+        it: a slow start delays no other call. Raises WorkloadConflict for a different spec under
+        the same id, WorkloadStopping while that id is being deleted, PlanError for an allocation
+        this host cannot serve (or slots a live workload holds), WorkloadRefused when the runtime
+        or MPS refused to start it (recorded as failed). Any other error, the agent's own fault
+        (its state dir, a bug), leaves no entry behind, so that the same PUT again starts afresh."""
+        created, workload = self._reserve(spec)
+        if not created:
+            return False, workload
+        try:
+            handle = self._launch(spec, workload.plan)
+        except (RuntimeStartError, MpsError) as exc:
+            with self._lock:
+                workload.state = "failed"
+                workload.exit_reason = f"could not start: {exc}"
+                self._save(workload)
+            code = exc.code if isinstance(exc, RuntimeStartError) else "mps_unavailable"
+            raise WorkloadRefused(code, workload.exit_reason)
+        except BaseException:
+            with self._lock:
+                if self._table.get(spec.session_id) is workload:
+                    del self._table[spec.session_id]
+            raise
+        else:
+            with self._lock:
+                workload.handle = handle
+                self._save(workload)
+        finally:
+            workload.runtime_lock.release()
+        return True, workload
+
+    def _reserve(self, spec: WorkloadSpec) -> tuple[bool, Workload]:
+        """The workload already under this id (False), or a new entry in state ``starting`` (True)
+        whose ``runtime_lock`` the caller then holds (taken here, under the table's lock)."""
         fingerprint = spec.fingerprint()
         with self._lock:
             existing = self._table.get(spec.session_id)
@@ -183,65 +232,75 @@ class Workloads:
             if existing is not None:
                 if existing.fingerprint != fingerprint:
                     raise WorkloadConflict(spec.session_id)
+                if existing.stopping:
+                    raise WorkloadStopping(spec.session_id)
                 existing.token = spec.token
                 return False, existing
-            if spec.allocation is None:
-                plan = cpu_plan()
-            else:
-                plan = gpu_plan(
-                    spec.allocation,
-                    self.reader.inventory(),
-                    running=self._running_shares(),
-                    tools=self.tools,
-                    session_id=spec.session_id,
-                )
-            spec_record = spec.to_json()
-            spec_record.pop("token")
-            workload = Workload(
-                session_id=spec.session_id,
-                spec=spec_record,
-                fingerprint=fingerprint,
-                token_sha256=spec.token_sha256(),
-                plan=plan,
-                runtime_state=None,
-                state="starting",
-                started_at=now_iso(),
-                token=spec.token,
-                start_deadline=time.monotonic() + self.start_timeout_seconds,
-            )
-            try:
-                self.mps.acquire(spec.session_id, plan)
-                try:
-                    workload.runtime_state = self.runtime.start(spec, plan)
-                except BaseException:
-                    self.mps.release(spec.session_id, plan)
-                    raise
-            except (RuntimeStartError, MpsError, OSError) as exc:
-                workload.state = "failed"
-                workload.exit_reason = f"could not start: {exc}"
-                self._table[spec.session_id] = workload
-                self._save(workload)
-                raise WorkloadStartFailed(workload.exit_reason)
+            workload = self._new_workload(spec, fingerprint)
+            workload.runtime_lock.acquire()
             self._table[spec.session_id] = workload
-            self._save(workload)
             return True, workload
 
+    def _new_workload(self, spec: WorkloadSpec, fingerprint: str) -> Workload:
+        """A workload in state ``starting`` with its GPU plan checked against every live one's
+        (called under the table's lock)."""
+        if spec.allocation is None:
+            plan = cpu_plan()
+        else:
+            plan = gpu_plan(
+                spec.allocation,
+                self.reader.inventory(),
+                running=self._running_shares(),
+                tools=self.tools,
+                session_id=spec.session_id,
+            )
+        spec_record = spec.to_json()
+        spec_record.pop("token")
+        return Workload(
+            session_id=spec.session_id,
+            spec=spec_record,
+            fingerprint=fingerprint,
+            token_sha256=spec.token_sha256(),
+            plan=plan,
+            handle=None,
+            state="starting",
+            started_at=now_iso(),
+            token=spec.token,
+            start_deadline=time.monotonic() + self.start_timeout_seconds,
+        )
+
+    def _launch(self, spec: WorkloadSpec, plan: GpuPlan) -> RuntimeHandle:
+        self.mps.acquire(spec.session_id, plan)
+        try:
+            return self.runtime.start(spec, plan)
+        except BaseException:
+            self.mps.release(spec.session_id, plan)
+            raise
+
     def delete(self, session_id: str) -> bool:
-        """Stop the workload and everything it started, and forget it. Idempotent."""
+        """Stop the workload and everything it started, and forget it. Idempotent. A delete during
+        the workload's start waits for that start (the workload's own lock, not the table's), then
+        stops what it started; the entry keeps its GPU slots until the workload has ended."""
         with self._lock:
             workload = self._table.get(session_id)
             if workload is None:
                 return False
-            if workload.runtime_state is not None:
-                self.runtime.stop(workload.runtime_state)
-                if workload.live:
-                    self.mps.release(session_id, workload.plan)
-                run_dir = workload.runtime_state.get("run_dir")
-                if run_dir:
-                    shutil.rmtree(run_dir, ignore_errors=True)
-            del self._table[session_id]
-            self._forget(session_id)
-            return True
+            workload.stopping = True
+        with workload.runtime_lock:
+            if workload.handle is not None:
+                self.runtime.stop(workload.handle)
+                if workload.handle.run_dir:
+                    shutil.rmtree(workload.handle.run_dir, ignore_errors=True)
+            with self._lock:
+                ended_here = self._table.get(session_id) is workload
+                # live until now: no refresh saw it end, so its MPS share is released here, once
+                holds_mps = ended_here and workload.live and workload.handle is not None
+                if ended_here:
+                    del self._table[session_id]
+                    self._forget(session_id)
+            if holds_mps:
+                self.mps.release(session_id, workload.plan)
+        return True
 
     def get(self, session_id: str) -> Workload | None:
         with self._lock:
@@ -257,16 +316,20 @@ class Workloads:
 
     # -- watching -----------------------------------------------------------------------------
     def refresh(self) -> None:
-        """One pass over live workloads: note which answer, which ended, which never started."""
+        """One pass over live workloads: note which answer, which ended, which never started. The
+        runtime is asked, a workload past its start deadline stopped and an MPS daemon told to quit
+        without the table's lock."""
         warm: list[Workload] = []
+        ended: list[Workload] = []  # by itself, or stopped below: each releases its MPS share once
+        expired: list[Workload] = []
         for workload in self.all():
-            if not workload.live or workload.runtime_state is None:
+            if not workload.live or workload.handle is None:
                 continue
-            reason = self.runtime.poll(workload.runtime_state)
+            reason = self.runtime.poll(workload.handle)
             ready = (
                 reason is None
                 and workload.state == "starting"
-                and self.runtime.ready(workload.runtime_state, workload.token)
+                and self.runtime.ready(workload.handle, workload.token)
             )
             with self._lock:
                 if self._table.get(workload.session_id) is not workload or not workload.live:
@@ -275,39 +338,44 @@ class Workloads:
                 if reason is not None:
                     workload.state = "exited" if workload.state == "running" else "failed"
                     workload.exit_reason = reason
-                    self.mps.release(workload.session_id, workload.plan)
+                    ended.append(workload)
                 else:
                     workload.last_alive_at = now_iso()
                     if ready:
                         workload.state = "running"
                         warm.append(workload)
                     elif workload.state == "starting" and time.monotonic() > workload.start_deadline:
-                        self.runtime.stop(workload.runtime_state)
-                        self.mps.release(workload.session_id, workload.plan)
                         workload.state = "failed"
                         workload.exit_reason = (
                             f"Jupyter did not answer within {self.start_timeout_seconds:.0f} s"
                         )
+                        expired.append(workload)
+                        ended.append(workload)
                 if (workload.state, workload.exit_reason) != before:
                     self._save(workload)
+        for workload in expired:
+            with workload.runtime_lock:
+                self.runtime.stop(workload.handle)
+        for workload in ended:
+            self.mps.release(workload.session_id, workload.plan)
         for workload in warm:
             if workload.token:
                 threading.Thread(target=self._warm_up, args=(workload,), name="warm-up", daemon=True).start()
 
     def _warm_up(self, workload: Workload) -> None:
         try:
-            gateway.warm_up(workload.runtime_state, workload.spec["base_url"], workload.token)
+            gateway.warm_up(workload.handle, workload.handle.base_url, workload.token)
         except (OSError, gateway.GatewayError, http.client.HTTPException) as exc:
             log.info("warm-up of %s: %s", workload.session_id, exc)
 
     def pids_by_session(self) -> dict[str, set[int]]:
         gpu_workloads = [
-            w for w in self.all() if w.live and w.runtime_state is not None and w.plan.device_uuid is not None
+            w for w in self.all() if w.live and w.handle is not None and w.plan.device_uuid is not None
         ]
         if not gpu_workloads:
             return {}
         children = children_by_parent()
-        return {w.session_id: self.runtime.pids(w.runtime_state, children) for w in gpu_workloads}
+        return {w.session_id: self.runtime.pids(w.handle, children) for w in gpu_workloads}
 
     def gpu_of_session(self) -> dict[str, str]:
         return {w.session_id: w.plan.gpu_uuid for w in self.all() if w.plan.gpu_uuid is not None}
@@ -342,10 +410,14 @@ class Workloads:
                 self.put(spec)
             except WorkloadConflict:
                 log.warning("workload %s differs from the portal's spec; left as it is", session_id)
+            except WorkloadStopping:
+                log.warning("workload %s is being deleted; the next heartbeat starts it again", session_id)
             except PlanError as exc:
                 self._record_refusal(session_id, f"refused: {exc}")
-            except WorkloadStartFailed:
+            except WorkloadRefused:
                 pass  # recorded as failed by put
+            except Exception:  # the agent's own fault: nothing recorded, the next heartbeat tries again
+                log.exception("could not start desired workload %s", session_id)
 
     def _record_refusal(self, session_id: str, reason: str) -> None:
         with self._lock:
@@ -357,7 +429,7 @@ class Workloads:
                 fingerprint="",
                 token_sha256="",
                 plan=cpu_plan(),
-                runtime_state=None,
+                handle=None,
                 state="failed",
                 exit_reason=reason,
                 started_at=now_iso(),

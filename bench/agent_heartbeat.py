@@ -23,6 +23,7 @@ from agents.heartbeat import build_heartbeat  # noqa: E402
 from agents.nvml import GpuReader  # noqa: E402
 from agents.nvml.fake import FakeNvml  # noqa: E402
 from agents.nvml.fleet import parse_fleet  # noqa: E402
+from agents.runtimes import RuntimeHandle  # noqa: E402
 from agents.workloads import Workload, now_iso  # noqa: E402
 
 FLEET = """\
@@ -51,7 +52,7 @@ def setup() -> tuple[GpuReader, FakeNvml, list[Workload], dict[str, set[int]], d
                     "f",
                     "t",
                     plan,
-                    {"upstream": "http://127.0.0.1:1"},
+                    RuntimeHandle(base_url=f"/jupyter/{sid}/", upstream_url="http://127.0.0.1:1"),
                     "running",
                     started_at=now_iso(),
                 )

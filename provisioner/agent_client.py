@@ -12,12 +12,14 @@ from provisioner.sealing import unseal
 
 
 class AgentUnreachable(Exception):
-    """The agent could not be reached or answered 5xx: try again later."""
+    """The agent could not be reached or answered 5xx (its own fault, nothing recorded): try again
+    later."""
 
 
 @dataclass(frozen=True)
 class AgentRefusal(Exception):
-    """The agent answered 4xx: the request itself is at fault; retrying will not help."""
+    """The agent answered 4xx with a code (docs/AGENT_PROTOCOL.md): the request, or the node's
+    state, refuses it (a refused start included); retrying the same request will not help."""
 
     status: int
     code: str
@@ -39,15 +41,13 @@ def _call(node: Node, method: str, path: str, *, json: dict | None = None) -> ht
         )
     except httpx.HTTPError as exc:
         raise AgentUnreachable(f"{node.name}: {exc.__class__.__name__}: {exc}") from exc
-    if response.status_code >= 500 and response.status_code != 500:
+    if response.status_code >= 500:
         raise AgentUnreachable(f"{node.name}: HTTP {response.status_code}")
     if response.status_code >= 400:
         try:
             error = response.json().get("error", {})
         except ValueError:
             error = {}
-        if response.status_code == 500 and error.get("code") != "start_failed":
-            raise AgentUnreachable(f"{node.name}: HTTP 500")
         raise AgentRefusal(
             response.status_code, str(error.get("code", "error")), str(error.get("message", ""))
         )

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pynvml
 
 from agents.nvml.base import NvmlSource
-from agents.nvml.fleet import FakeGpu, FakeMig, Fleet
+from agents.nvml.fleet import FakeGpu, FakeMig, Fleet, load_fleet
 
 _MIB = 1024 * 1024
 _SCAN_TTL_SECONDS = 1.0
@@ -272,8 +272,6 @@ class FakeNvmlSource(NvmlSource):
         self.fleet_path = fleet_path
 
     def open(self) -> FakeNvml:
-        from agents.nvml.fleet import load_fleet
-
         fake = FakeNvml(load_fleet(self.fleet_path))
         fake.nvmlInit()
         return fake

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pynvml  # loads no library until nvmlInit: importing it on a host without a driver is harmless
+
 from agents.nvml.base import NvmlSource
 
 
@@ -11,7 +13,5 @@ class RealNvml(NvmlSource):
     name = "real"
 
     def open(self) -> Any:
-        import pynvml
-
         pynvml.nvmlInit()  # raises NVMLError_LibraryNotFound / DriverNotLoaded without a GPU driver
         return pynvml

@@ -1,18 +1,26 @@
 """Runtimes: a small base class and a registry by name, after JupyterHub's Spawner.
 
-``start`` launches the workload and returns its runtime state (JSON, persisted by the agent under
-``--state-dir`` so another agent process can adopt it); ``poll`` answers None while it lives and the
-reason it ended otherwise; ``ready`` says whether Jupyter answers; ``stop`` ends it and everything it
-started. None of them blocks for long, except ``stop``, which waits for the workload to end.
+``start`` launches the workload and returns a ``RuntimeHandle``: immutable, the only thing the rest
+of the agent keeps of it (persisted as JSON under ``--state-dir`` so another agent process can adopt
+it, and turned back into a handle by ``restore``). Callers read the handle's public fields (where
+Jupyter answers, what the host enforces) and hand it back to the runtime's methods; what only the
+runtime reads (a pid, a container id) lives in its own subclass of the handle. ``poll`` answers None
+while the workload lives and the reason it ended otherwise; ``ready`` says whether Jupyter answers;
+``stop`` ends it and everything it started. None of them blocks for long, except ``stop``, which
+waits for the workload to end, and ``start``, which may pull an image.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from types import MappingProxyType
+from typing import Any, ClassVar, Self
 
+from agents.gateway import GatewayError, local_get
 from agents.gpuplan import GpuPlan
 from agents.spec import WorkloadSpec
 
@@ -20,7 +28,14 @@ _RUNTIMES: dict[str, type[Runtime]] = {}
 
 
 class RuntimeStartError(Exception):
-    """A workload that could not be started; the message says why."""
+    """A workload this runtime refuses or cannot start; the message says why and ``code`` names the
+    refusal for the API (docs/AGENT_PROTOCOL.md): ``environment_unusable`` (the spec's environment:
+    no such interpreter or image), ``sandbox_unavailable``, ``runtime_unavailable`` (the node cannot
+    run workloads now: no sandbox, no engine) or ``runtime_refused`` (the engine said no)."""
+
+    def __init__(self, message: str, *, code: str = "runtime_refused") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass(frozen=True)
@@ -36,8 +51,66 @@ class RuntimeOptions:
     pids_limit: int = 4096
 
 
+def _frozen(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return MappingProxyType({key: _frozen(item) for key, item in value.items()})
+    if isinstance(value, list | tuple):
+        return tuple(_frozen(item) for item in value)
+    return value
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, tuple):
+        return [_plain(item) for item in value]
+    return value
+
+
+# JSON keys of the records agents wrote before the handle existed, kept so that an upgraded agent
+# adopts the workloads a previous one started.
+_JSON_KEYS = {"socket_path": "socket", "upstream_url": "upstream"}
+
+
+@dataclass(frozen=True)
+class RuntimeHandle:
+    """A started workload, as the rest of the agent may see it."""
+
+    base_url: str  # Jupyter's --ServerApp.base_url
+    upstream_url: str  # reported to the portal: ``unix:<socket>`` or ``http://127.0.0.1:<port>``
+    socket_path: str | None = None  # the Unix socket Jupyter listens on; the gateway dials it
+    run_dir: str | None = None  # the session's folder under the state dir, removed with the workload
+    enforcement: Mapping[str, Any] | None = None  # what the host enforces of the GPU plan (gpuplan)
+
+    def __post_init__(self) -> None:
+        for item in dataclasses.fields(self):  # a handle's mappings and lists are read-only too
+            object.__setattr__(self, item.name, _frozen(getattr(self, item.name)))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            _JSON_KEYS.get(f.name, f.name): _plain(getattr(self, f.name)) for f in dataclasses.fields(self)
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Self:
+        """The handle ``to_json`` wrote; KeyError for a missing field without a default."""
+        values = {}
+        for item in dataclasses.fields(cls):
+            key = _JSON_KEYS.get(item.name, item.name)
+            if key in data:
+                values[item.name] = data[key]
+            elif item.default is dataclasses.MISSING:
+                raise KeyError(key)
+        return cls(**values)
+
+    def reported(self) -> dict[str, Any]:
+        """What a workload's status reports of it (docs/AGENT_PROTOCOL.md)."""
+        return {"upstream": self.upstream_url, "enforcement": _plain(self.enforcement)}
+
+
 class Runtime:
     name: ClassVar[str]
+    handle_class: ClassVar[type[RuntimeHandle]] = RuntimeHandle
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -46,34 +119,37 @@ class Runtime:
     def __init__(self, options: RuntimeOptions) -> None:
         self.options = options
 
-    def start(self, spec: WorkloadSpec, plan: GpuPlan) -> dict:
+    def start(self, spec: WorkloadSpec, plan: GpuPlan) -> RuntimeHandle:
         raise NotImplementedError
 
-    def poll(self, state: dict) -> str | None:
+    def restore(self, data: Mapping[str, Any]) -> RuntimeHandle:
+        """The handle a previous agent persisted (``RuntimeHandle.to_json``). Raises KeyError,
+        TypeError or ValueError for a record this runtime did not write."""
+        return self.handle_class.from_json(data)
+
+    def poll(self, handle: RuntimeHandle) -> str | None:
         raise NotImplementedError
 
-    def stop(self, state: dict) -> None:
+    def stop(self, handle: RuntimeHandle) -> None:
         raise NotImplementedError
 
-    def pids(self, state: dict, children: dict[int, list[int]] | None = None) -> set[int]:
+    def pids(self, handle: RuntimeHandle, children: dict[int, list[int]] | None = None) -> set[int]:
         """Host process ids of the workload, to map NVML's per-process figures to it. ``children``
         is one /proc scan (parent → children) shared by every workload of a heartbeat."""
         return set()
 
-    def jupyter_token(self, state: dict) -> str | None:
+    def jupyter_token(self, handle: RuntimeHandle) -> str | None:
         """The workload's Jupyter token when the agent lost it from memory (a restart); None when
         only the portal's next spec can tell."""
         return None
 
-    def ready(self, state: dict, token: str | None) -> bool:
+    def ready(self, handle: RuntimeHandle, token: str | None) -> bool:
         """Whether Jupyter answers ``GET {base_url}api/status`` on its socket (or local port).
         Without the token (an adopted workload whose spec the portal has not re-sent yet) a 401/403
         still proves it answers."""
-        from agents.gateway import GatewayError, local_get
-
         headers = {"Authorization": f"token {token}"} if token else {}
         try:
-            status = local_get(state, f"{state['base_url']}api/status", headers)
+            status = local_get(handle, f"{handle.base_url}api/status", headers)
         except (OSError, GatewayError, http.client.HTTPException):
             return False
         return status == 200 or (token is None and status in (401, 403))

@@ -15,12 +15,17 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import docker
+import docker.errors
+import docker.types
+
 from agents import egress
 from agents.gpuplan import GpuPlan, enforcement
-from agents.runtimes.base import Runtime, RuntimeStartError
+from agents.runtimes.base import Runtime, RuntimeHandle, RuntimeStartError
 from agents.spec import WorkloadSpec
 
 CONTAINER_RUN = "/run/jupyter"  # the session's private folder inside the container
@@ -46,8 +51,6 @@ def container_spec(
     pids_limit: int,
 ) -> dict[str, Any]:
     """Keyword arguments for ``client.containers.run`` (pure: no engine, no file system)."""
-    import docker.types
-
     config = json.dumps({"IdentityProvider": {"token": spec.token}})
     command = [
         "bash",
@@ -114,8 +117,17 @@ def container_spec(
     }
 
 
+@dataclass(frozen=True, kw_only=True)
+class DockerHandle(RuntimeHandle):
+    """The docker runtime's own: the session's container."""
+
+    container_id: str
+    container_name: str
+
+
 class DockerRuntime(Runtime):
     name = "docker"
+    handle_class = DockerHandle
 
     def __init__(self, options) -> None:
         super().__init__(options)
@@ -123,19 +135,17 @@ class DockerRuntime(Runtime):
 
     def client(self):
         if self._client is None:
-            import docker
-
             try:
                 self._client = docker.from_env()
                 self._client.ping()
             except docker.errors.DockerException as exc:
                 self._client = None
-                raise RuntimeStartError(f"the Docker engine cannot be reached: {exc}")
+                raise RuntimeStartError(
+                    f"the Docker engine cannot be reached: {exc}", code="runtime_unavailable"
+                )
         return self._client
 
-    def start(self, spec: WorkloadSpec, plan: GpuPlan) -> dict:
-        import docker
-
+    def start(self, spec: WorkloadSpec, plan: GpuPlan) -> DockerHandle:
         client = self.client()
         private = Path(self.options.state_dir) / "run" / spec.session_id / "private"
         if private.parent.exists():
@@ -160,30 +170,30 @@ class DockerRuntime(Runtime):
             pass
         try:
             container = client.containers.run(**kwargs)
+        except docker.errors.ImageNotFound as exc:
+            raise RuntimeStartError(f"no image {kwargs['image']}: {exc}", code="environment_unusable")
         except docker.errors.DockerException as exc:
             raise RuntimeStartError(f"docker could not start the container: {exc}")
-        return {
-            "enforcement": enforcement(
+        return DockerHandle(
+            base_url=spec.base_url,
+            upstream_url=f"unix:{private / SOCK_NAME}",
+            socket_path=str(private / SOCK_NAME),
+            run_dir=str(private.parent),
+            enforcement=enforcement(
                 plan, device_isolated=True, preload_pinned=plan.preload_vgpu, isolated_by="device-request"
             ),
-            "container_id": container.id,
-            "container_name": kwargs["name"],
-            "run_dir": str(private.parent),
-            "socket": str(private / SOCK_NAME),
-            "upstream": f"unix:{private / SOCK_NAME}",
-            "base_url": spec.base_url,
-        }
+            container_id=container.id,
+            container_name=kwargs["name"],
+        )
 
-    def _container(self, state: dict):
-        import docker
-
+    def _container(self, handle: DockerHandle):
         try:
-            return self.client().containers.get(state["container_id"])
+            return self.client().containers.get(handle.container_id)
         except docker.errors.NotFound:
             return None
 
-    def poll(self, state: dict) -> str | None:
-        container = self._container(state)
+    def poll(self, handle: DockerHandle) -> str | None:
+        container = self._container(handle)
         if container is None:
             return "the container is gone"
         container.reload()
@@ -192,8 +202,8 @@ class DockerRuntime(Runtime):
         code = container.attrs.get("State", {}).get("ExitCode")
         return f"container {container.status} (exit code {code})"
 
-    def pids(self, state: dict, children: dict[int, list[int]] | None = None) -> set[int]:
-        container = self._container(state)
+    def pids(self, handle: DockerHandle, children: dict[int, list[int]] | None = None) -> set[int]:
+        container = self._container(handle)
         if container is None or container.status != "running":
             return set()
         try:
@@ -202,8 +212,8 @@ class DockerRuntime(Runtime):
             return set()
         return {int(row[0]) for row in top.get("Processes") or [] if row and row[0].isdigit()}
 
-    def stop(self, state: dict) -> None:
-        container = self._container(state)
+    def stop(self, handle: DockerHandle) -> None:
+        container = self._container(handle)
         if container is None:
             return
         try:

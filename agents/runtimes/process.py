@@ -9,7 +9,7 @@ single-user development machine) the same folders are used at their host paths.
 Limits: containers get cgroups; a plain process gets what the host allows without privileges:
 the CPU count by affinity (``ceil(cpu_cores)`` CPUs) and memory by ``RLIMIT_DATA`` per process
 (``RLIMIT_AS`` would break Jupyter, which maps far more address space than it uses). Both are
-recorded in the state, as is the sandbox in use.
+recorded in its handle, as is the sandbox in use.
 
 HAMi's ``libvgpu.so`` is preloaded with ``LD_PRELOAD`` here: a read-only root cannot take a new file
 at ``/etc/ld.so.preload`` (bubblewrap cannot create the mount point), and every process of the
@@ -30,16 +30,22 @@ import sys
 import tempfile
 import time
 import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from agents import egress, sandbox
 from agents.gpuplan import VGPU_LIB_TARGET, GpuPlan, enforcement
 from agents.runtimes import launcher
-from agents.runtimes.base import Runtime, RuntimeStartError
+from agents.runtimes.base import Runtime, RuntimeHandle, RuntimeStartError
 from agents.spec import WorkloadSpec
 
 STOP_WAIT_SECONDS = 12.0
 SOCK_NAME = "jupyter.sock"
+CONFIG_NAME = "jupyter_server_config.json"  # in the private folder: the Jupyter token, mode 0600
+EXIT_NAME = "exit.json"  # in the run folder: the launcher's record of how the workload ended
+LOG_NAME = "workload.log"
 SANDBOX_SOCK_DIR = "/run/jupyter"
 
 
@@ -96,8 +102,26 @@ def jupyter_command(
     ]
 
 
+@dataclass(frozen=True, kw_only=True)
+class ProcessHandle(RuntimeHandle):
+    """The process runtime's own: its launcher (the pid and its start time, against a recycled pid
+    after an agent restart), the files the launcher writes, and what was set up, for operators."""
+
+    pid: int
+    pid_start_ticks: int | None
+    exit_file: str
+    log_file: str
+    home: str | None = None
+    home_in_sandbox: str | None = None
+    sandbox: str | None = None
+    outbound: str | None = None
+    uid: int | None = None
+    limits: Mapping[str, Any] | None = None
+
+
 class ProcessRuntime(Runtime):
     name = "process"
+    handle_class = ProcessHandle
 
     def __init__(self, options) -> None:
         super().__init__(options)
@@ -113,33 +137,20 @@ class ProcessRuntime(Runtime):
             try:
                 sandbox.probe(shutil.which("bwrap"))
             except sandbox.SandboxUnavailable as exc:
-                raise RuntimeStartError(str(exc))
+                raise RuntimeStartError(str(exc), code="sandbox_unavailable")
             self._probed = "bwrap"
         return self._probed
 
-    def start(self, spec: WorkloadSpec, plan: GpuPlan) -> dict:
-        state_dir = self.options.state_dir
+    def start(self, spec: WorkloadSpec, plan: GpuPlan) -> ProcessHandle:
         mode = self.sandbox_in_use()
-        home = state_dir / "homes" / spec.user
-        run_dir = state_dir / "run" / spec.session_id
-        private = run_dir / "private"  # the workload's own: its Jupyter config, socket and runtime files
-        home.mkdir(parents=True, exist_ok=True, mode=0o700)
-        if run_dir.exists():
-            shutil.rmtree(run_dir)
-        run_dir.mkdir(parents=True, mode=0o700)
-        (private / "runtime").mkdir(parents=True, mode=0o700)
-        uid = self.uids.for_user(spec.user) if mode == "bwrap" and os.geteuid() == 0 else None
-        inside = sandbox.PRIVATE_DIR if mode == "bwrap" else str(private)
-        config_file = private / "jupyter_server_config.json"
-        fd = os.open(config_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as config:
-            json.dump({"IdentityProvider": {"token": spec.token}}, config)
-        if uid is not None:
-            sandbox.own(home, uid)
-            sandbox.own(private, uid)
         python = spec.environment.python or sys.executable
-        if not os.access(python, os.X_OK):
-            raise RuntimeStartError(f"environment.python {python} is not an executable")
+        if not os.access(python, os.X_OK):  # refused before anything is made for it
+            raise RuntimeStartError(
+                f"environment.python {python} is not an executable", code="environment_unusable"
+            )
+        uid = self.uids.for_user(spec.user) if mode == "bwrap" and os.geteuid() == 0 else None
+        home, private = self._folders(spec, uid)
+        inside = sandbox.PRIVATE_DIR if mode == "bwrap" else str(private)
         # sun_path holds 108 bytes: inside the sandbox the socket has a short fixed path; without one a
         # path too long is bound through a short link to its folder.
         sock = f"{inside}/{SOCK_NAME}" if mode == "bwrap" else short_socket_path(private)
@@ -149,7 +160,7 @@ class ProcessRuntime(Runtime):
             sock=sock,
             base_url=spec.base_url,
             root_dir=home_seen,
-            config_file=f"{inside}/{config_file.name}",
+            config_file=f"{inside}/{CONFIG_NAME}",
             as_root=uid is None and os.geteuid() == 0,
         )
         env = {
@@ -172,34 +183,91 @@ class ProcessRuntime(Runtime):
             command = egress.relay_command(python, command)
             env |= egress.proxy_env()
         if mode == "bwrap":
-            command = sandbox.bwrap_command(
-                bwrap=shutil.which("bwrap") or "bwrap",
-                user=spec.user,
-                uid=uid,
-                home=home,
-                private=private,
-                hidden=[str(state_dir), *self.options.sandbox_hide],
-                # the environment, and the interpreter a virtualenv links to (pyenv's lives under /root)
-                kept=[
-                    str(Path(python).parent.parent),
-                    str(Path(os.path.realpath(python)).parent.parent),
-                    *(m.source for m in plan.mounts if m.read_only),
-                ],
-                writable=[m.source for m in plan.mounts if not m.read_only],
-                device_dir=self.options.device_dir,
-                device_nodes=plan.device_nodes,
-                command=command,
-                preload_file=preload_file,
-                egress_dir=egress_dir,
+            command = self._sandboxed(
+                command, spec, plan, python, uid=uid, home=home, private=private, preload_file=preload_file
             )
         limits = self._limits(spec)
-        exit_file = run_dir / "exit.json"
-        log_file = run_dir / "workload.log"
-        launch = [sys.executable, "-I", launcher.__file__, "--exit-file", str(exit_file)]
+        run_dir = private.parent
+        child = self._launch(command, env, run_dir=run_dir, limits=limits)
+        return ProcessHandle(
+            base_url=spec.base_url,
+            upstream_url=f"unix:{private / SOCK_NAME}",
+            socket_path=str(private / SOCK_NAME),
+            run_dir=str(run_dir),
+            enforcement=enforcement(plan, device_isolated=mode == "bwrap", preload_pinned=bool(preload_file)),
+            pid=child.pid,
+            pid_start_ticks=process_start_ticks(child.pid),
+            exit_file=str(run_dir / EXIT_NAME),
+            log_file=str(run_dir / LOG_NAME),
+            home=str(home),
+            home_in_sandbox=home_seen,
+            sandbox=mode,
+            outbound="egress-proxy" if egress_dir else "off",
+            uid=uid if uid is not None else os.geteuid(),
+            limits=limits,
+        )
+
+    def _folders(self, spec: WorkloadSpec, uid: int | None) -> tuple[Path, Path]:
+        """The user's home (kept) and a fresh private folder for the session (Jupyter's config with
+        the token, its socket and runtime files), owned by the sandbox's uid when there is one."""
+        home = self.options.state_dir / "homes" / spec.user
+        run_dir = self.options.state_dir / "run" / spec.session_id
+        private = run_dir / "private"
+        home.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if run_dir.exists():
+            shutil.rmtree(run_dir)
+        run_dir.mkdir(parents=True, mode=0o700)
+        (private / "runtime").mkdir(parents=True, mode=0o700)
+        fd = os.open(private / CONFIG_NAME, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as config:
+            json.dump({"IdentityProvider": {"token": spec.token}}, config)
+        if uid is not None:
+            sandbox.own(home, uid)
+            sandbox.own(private, uid)
+        return home, private
+
+    def _sandboxed(
+        self,
+        command: list[str],
+        spec: WorkloadSpec,
+        plan: GpuPlan,
+        python: str,
+        *,
+        uid: int | None,
+        home: Path,
+        private: Path,
+        preload_file: str | None,
+    ) -> list[str]:
+        return sandbox.bwrap_command(
+            bwrap=shutil.which("bwrap") or "bwrap",
+            user=spec.user,
+            uid=uid,
+            home=home,
+            private=private,
+            hidden=[str(self.options.state_dir), *self.options.sandbox_hide],
+            # the environment, and the interpreter a virtualenv links to (pyenv's lives under /root)
+            kept=[
+                str(Path(python).parent.parent),
+                str(Path(os.path.realpath(python)).parent.parent),
+                *(m.source for m in plan.mounts if m.read_only),
+            ],
+            writable=[m.source for m in plan.mounts if not m.read_only],
+            device_dir=self.options.device_dir,
+            device_nodes=plan.device_nodes,
+            command=command,
+            preload_file=preload_file,
+            egress_dir=self.options.egress_dir,
+        )
+
+    def _launch(
+        self, command: list[str], env: dict[str, str], *, run_dir: Path, limits: dict
+    ) -> subprocess.Popen:
+        """The launcher (agents/runtimes/launcher.py) running ``command`` in a session of its own."""
+        launch = [sys.executable, "-I", launcher.__file__, "--exit-file", str(run_dir / EXIT_NAME)]
         if limits["cpus"]:
             launch += ["--cpus", ",".join(map(str, limits["cpus"]))]
         launch += ["--rlimit-data-bytes", str(limits["rlimit_data_bytes"]), "--", *command]
-        with open(log_file, "ab") as log:
+        with open(run_dir / LOG_NAME, "ab") as log:
             child = subprocess.Popen(  # noqa: S603
                 launch,
                 env=env,
@@ -210,25 +278,7 @@ class ProcessRuntime(Runtime):
                 start_new_session=True,  # its own session: an agent restart leaves it running
             )
         self._children[child.pid] = child
-        return {
-            "pid": child.pid,
-            "pid_start_ticks": process_start_ticks(child.pid),
-            "socket": str(private / SOCK_NAME),
-            "upstream": f"unix:{private / SOCK_NAME}",
-            "base_url": spec.base_url,
-            "home": str(home),
-            "home_in_sandbox": home_seen,
-            "run_dir": str(run_dir),
-            "exit_file": str(exit_file),
-            "log_file": str(log_file),
-            "sandbox": mode,
-            "outbound": "egress-proxy" if egress_dir else "off",
-            "uid": uid if uid is not None else os.geteuid(),
-            "enforcement": enforcement(
-                plan, device_isolated=mode == "bwrap", preload_pinned=bool(preload_file)
-            ),
-            "limits": limits,
-        }
+        return child
 
     def _preload_file(self, library: str) -> str:
         """``<state>/vgpu/sandbox-ld.so.preload``, naming the library at its host path (which the
@@ -243,11 +293,9 @@ class ProcessRuntime(Runtime):
             os.replace(tmp, path)
         return str(path)
 
-    def jupyter_token(self, state: dict) -> str | None:
+    def jupyter_token(self, handle: ProcessHandle) -> str | None:
         try:
-            config = json.loads(
-                (Path(state["run_dir"]) / "private" / "jupyter_server_config.json").read_text()
-            )
+            config = json.loads((Path(handle.run_dir or "") / "private" / CONFIG_NAME).read_text())
             return config["IdentityProvider"]["token"]
         except (OSError, ValueError, KeyError, TypeError):
             return None
@@ -266,43 +314,42 @@ class ProcessRuntime(Runtime):
             "memory_note": "RLIMIT_DATA per process (no cgroup)",
         }
 
-    def _alive(self, state: dict) -> bool:
-        pid = state["pid"]
-        child = self._children.get(pid)
+    def _alive(self, handle: ProcessHandle) -> bool:
+        child = self._children.get(handle.pid)
         if child is not None and child.poll() is not None:  # reap our own child
-            self._children.pop(pid, None)
+            self._children.pop(handle.pid, None)
             return False
-        ticks = process_start_ticks(pid)
-        return ticks is not None and ticks == state.get("pid_start_ticks")
+        ticks = process_start_ticks(handle.pid)
+        return ticks is not None and ticks == handle.pid_start_ticks
 
-    def poll(self, state: dict) -> str | None:
-        if self._alive(state):
+    def poll(self, handle: ProcessHandle) -> str | None:
+        if self._alive(handle):
             return None
         try:
-            record = json.loads(Path(state["exit_file"]).read_text())
+            record = json.loads(Path(handle.exit_file).read_text())
         except (OSError, ValueError):
             return "the workload's supervisor vanished (host reboot or killed with SIGKILL)"
         if record.get("stopped"):
             return "stopped"
         return f"jupyter exited with code {record.get('exit_code')}"
 
-    def pids(self, state: dict, children: dict[int, list[int]] | None = None) -> set[int]:
-        if not self._alive(state):
+    def pids(self, handle: ProcessHandle, children: dict[int, list[int]] | None = None) -> set[int]:
+        if not self._alive(handle):
             return set()
-        return {state["pid"], *launcher.descendants(state["pid"], children)}
+        return {handle.pid, *launcher.descendants(handle.pid, children)}
 
-    def stop(self, state: dict) -> None:
-        if not self._alive(state):
+    def stop(self, handle: ProcessHandle) -> None:
+        if not self._alive(handle):
             return
-        pid = state["pid"]
+        pid = handle.pid
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + STOP_WAIT_SECONDS
         while time.monotonic() < deadline:
-            if not self._alive(state):
+            if not self._alive(handle):
                 return
             time.sleep(0.05)
         for leftover in [*launcher.descendants(pid), pid]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(leftover, signal.SIGKILL)
-        while self._alive(state) and time.monotonic() < deadline + 5:
+        while self._alive(handle) and time.monotonic() < deadline + 5:
             time.sleep(0.05)

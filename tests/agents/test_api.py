@@ -74,7 +74,8 @@ def test_bad_allocations_are_refused_naming_the_field(agent, tmp_path):
         (_alloc(whole, "3/4", 0, 6), "allocation.profile"),
     ]
     for allocation, field in cases:
-        error = _refused(agent, workload_spec("bad-1", allocation), 400, field)
+        error = _refused(agent, workload_spec("bad-1", allocation), 422, field)
+        assert error["code"] == "invalid_allocation"
         if "libvgpu" in str(error):
             assert "no-libvgpu.so" in error["fields"][field]
     assert agent.get("/v1/workloads").json() == {"workloads": []}
@@ -110,6 +111,23 @@ def test_malformed_bodies_are_refused_naming_the_field(agent, tmp_path):
     assert listed.status_code == 400
     assert agent.get("/v1/workloads").json() == {"workloads": []}
     assert not processes_mentioning(str(tmp_path / "state")) - {agent.proc.pid}
+
+
+def test_a_start_the_runtime_refuses_is_a_422_naming_why_and_is_listed_failed(agent, tmp_path):
+    not_python = tmp_path / "not-a-python"
+    not_python.write_text("")  # there, but not an executable
+    environment = {"name": "broken", "python": str(not_python), "image": None}
+    spec = workload_spec("env-1", None, environment=environment)
+    answer = agent.put_workload(spec)
+    assert answer.status_code == 422, answer.text
+    error = answer.json()["error"]
+    assert error["code"] == "environment_unusable" and str(not_python) in error["message"]
+    listed = agent.workload("env-1")
+    assert listed["state"] == "failed" and "is not an executable" in listed["exit_reason"]
+    assert not processes_mentioning(str(tmp_path / "state")) - {agent.proc.pid}
+    # the same PUT again is the same failed workload, not a second try (the portal deletes it)
+    again = agent.put_workload(spec)
+    assert again.status_code == 200 and again.json()["state"] == "failed"
 
 
 def test_conflicts_and_one_policy_per_gpu(agent):
