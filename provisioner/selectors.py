@@ -7,7 +7,8 @@ import statistics
 import uuid
 from dataclasses import dataclass
 
-from django.db.models import Count, QuerySet
+from django.db.models import Count, F, Q, QuerySet, Window
+from django.db.models.functions import RowNumber
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
@@ -88,7 +89,7 @@ def session_get_for_user(*, user, session_id) -> Session:
 def session_list_for_user(*, user) -> QuerySet[Session]:
     return (
         Session.objects.filter(owner=user)
-        .select_related("gpu_model", "profile", "environment", "node", "account")
+        .select_related("gpu_model", "profile", "environment", "node", "device", "account")
         .order_by("-created_at")
     )
 
@@ -145,24 +146,56 @@ class QueuePlace:
 def queue_place(*, session: Session) -> QueuePlace | None:
     """Where a queued session stands among those waiting for the same GPU model, and a rough wait:
     position × the median recent session length ÷ the model's devices. None unless queued."""
-    if session.state != Session.State.QUEUED:
-        return None
-    waiting = list(Session.objects.filter(state=Session.State.QUEUED, gpu_model=session.gpu_model_id))
+    return queue_places(sessions=[session]).get(session.id)
+
+
+RECENT_SESSIONS_FOR_ESTIMATE = 50
+
+
+def queue_places(*, sessions: list[Session]) -> dict[uuid.UUID, QueuePlace]:
+    """``queue_place`` of each queued session among ``sessions`` (the others are left out), in four
+    queries whatever their number: the waiting sessions, the accounts' sessions on nodes, the recent
+    lengths and the devices of their GPU models."""
+    queued = [s for s in sessions if s.state == Session.State.QUEUED]
+    if not queued:
+        return {}
+    model_ids = {s.gpu_model_id for s in queued}
+    of_models = Q(gpu_model_id__in=[m for m in model_ids if m is not None])
+    if None in model_ids:  # CPU sessions wait in a queue of their own
+        of_models |= Q(gpu_model__isnull=True)
+    waiting_by_model: dict[int | None, list[Session]] = {}
+    waiting = list(Session.objects.filter(of_models, state=Session.State.QUEUED))
+    for session in waiting:
+        waiting_by_model.setdefault(session.gpu_model_id, []).append(session)
     served = queue_served(account_ids=[s.account_id for s in waiting])
-    ordered = [s.id for s in queue_order(waiting, served=served)]
-    position = ordered.index(session.id) + 1 if session.id in ordered else len(ordered) + 1
-    recent = list(
-        Session.objects.filter(
-            gpu_model=session.gpu_model_id, state=Session.State.STOPPED, running_at__isnull=False
+    durations_by_model: dict[int | None, list[float]] = {}
+    recent = (
+        Session.objects.filter(of_models, state=Session.State.STOPPED, running_at__isnull=False)
+        .annotate(
+            recency=Window(RowNumber(), partition_by=[F("gpu_model_id")], order_by=F("ended_at").desc())
         )
-        .order_by("-ended_at")
-        .values_list("running_at", "ended_at")[:50]
+        .filter(recency__lte=RECENT_SESSIONS_FOR_ESTIMATE)
+        .values_list("gpu_model_id", "running_at", "ended_at")
     )
-    durations = [(end - start).total_seconds() for start, end in recent if end and start]
-    if not durations:
-        return QueuePlace(position, None)
-    devices = max(1, Device.objects.filter(gpu_model=session.gpu_model_id, health=Device.Health.OK).count())
-    return QueuePlace(position, int(statistics.median(durations) * position / devices))
+    for model_id, start, end in recent:
+        if start and end:
+            durations_by_model.setdefault(model_id, []).append((end - start).total_seconds())
+    devices_by_model = dict(
+        Device.objects.filter(of_models, health=Device.Health.OK)
+        .values_list("gpu_model_id")
+        .annotate(n=Count("id"))
+    )
+    places = {}
+    for session in queued:
+        ordered = [s.id for s in queue_order(waiting_by_model.get(session.gpu_model_id, []), served=served)]
+        position = ordered.index(session.id) + 1 if session.id in ordered else len(ordered) + 1
+        durations = durations_by_model.get(session.gpu_model_id)
+        if not durations:
+            places[session.id] = QueuePlace(position, None)
+            continue
+        devices = max(1, devices_by_model.get(session.gpu_model_id, 0))
+        places[session.id] = QueuePlace(position, int(statistics.median(durations) * position / devices))
+    return places
 
 
 def slot_map(*, device: Device) -> list[str | None]:
