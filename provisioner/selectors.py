@@ -233,24 +233,33 @@ def _count_fits(index, request) -> int:
     return count
 
 
-def catalog() -> dict:
-    """Models with their offered profiles, environments, prices (from billing) and availability now."""
+def _price(*, gpu_model: str, profile: str) -> dict | None:
+    """The catalog's price of a choice (from billing), or None when it has none."""
     from billing.services.pricing import price_quote
 
+    try:
+        quote = price_quote(gpu_model=gpu_model, profile=profile)
+    except NotFound:
+        return None
+    return {
+        "price_micros_per_hour": quote.price_micros_per_hour,
+        "card_burn_micros_per_hour": quote.card_burn_micros_per_hour,
+    }
+
+
+def catalog() -> dict:
+    """Models with their offered profiles, environments, prices (from billing) and availability now."""
     free = availability()
     models = []
     for model in GpuModel.objects.filter(enabled=True).order_by("name"):
-        offered = []
-        for name in model.profiles:
-            try:
-                quote = price_quote(gpu_model=model.name, profile=name)
-                price = {
-                    "price_micros_per_hour": quote.price_micros_per_hour,
-                    "card_burn_micros_per_hour": quote.card_burn_micros_per_hour,
-                }
-            except NotFound:
-                price = None
-            offered.append({"profile": name, "price": price, "available": free.get((model.name, name), 0)})
+        offered = [
+            {
+                "profile": name,
+                "price": _price(gpu_model=model.name, profile=name),
+                "available": free.get((model.name, name), 0),
+            }
+            for name in model.profiles
+        ]
         models.append(
             {
                 "name": model.name,
@@ -262,18 +271,13 @@ def catalog() -> dict:
         )
     cpu = None
     if Profile.objects.filter(kind=Profile.Kind.CPU).exists():
-        try:
-            quote = price_quote(gpu_model="", profile="cpu")
+        price = _price(gpu_model="", profile="cpu")
+        if price is not None:  # an unpriced CPU profile is not offered
             cpu = {
                 "profile": "cpu",
-                "price": {
-                    "price_micros_per_hour": quote.price_micros_per_hour,
-                    "card_burn_micros_per_hour": quote.card_burn_micros_per_hour,
-                },
+                "price": price,
                 "available": Node.objects.filter(state=Node.State.ACTIVE).count(),
             }
-        except NotFound:
-            cpu = None
     return {
         "gpu_models": models,
         "cpu": cpu,
