@@ -1,0 +1,298 @@
+"""The one view of a session (STYLE.md, "One view of a thing"): its state, what it costs, what it may use,
+how long its funds last, how its GPU is doing and where it waits. The REST API, the session page, the
+dashboard and the live fragments all render a ``SessionView``; none of them works these out again.
+
+Reads only. ``session_views`` serves lists in a bounded number of queries, whatever their length.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.conf import settings
+from django.utils import timezone
+
+from billing.selectors import account_funds
+from billing.services.metering import MeterCost, meter_costs
+from provisioner import selectors
+from provisioner.models import SLOTS_PER_GPU, Device, DeviceSample, Session
+from provisioner.selectors import QueuePlace
+
+S = Session.State
+LIMITS_ENFORCED = ("device", "memory", "compute")
+
+
+@dataclass(frozen=True)
+class DeviceRef:
+    id: int
+    uuid: str
+    kind: str
+    index: int
+    name: str  # a MIG device's profile (1g.18gb), else the name NVML gives the card
+    nvml_name: str
+    gpu_model: str | None
+    memory_mib: int
+
+
+@dataclass(frozen=True)
+class Enforced:
+    enforced: bool  # only when the node reported it so: nothing reported reads as advisory
+    by: str | None  # how, in the node's words (heartbeats.ENFORCED_BY); None until it reports
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the workload gets, as agents/gpuplan.py sets it up: a share of ``slot_count`` eighths caps
+    memory and SMs at that share (a whole card or a MIG device is all eight of its own)."""
+
+    device: DeviceRef | None  # None: CPU only, or not placed yet
+    slot_start: int | None
+    slot_count: int | None
+    sharing_policy: str  # as allocated; empty until placed
+    enforcement: dict | None  # the node's report as stored; None until it reports
+    enforced: dict[str, Enforced]  # device, memory, compute
+    memory_cap_mib: int | None
+    compute_percent: int | None
+    cpu_cores: float
+    memory_mib: int
+    max_seconds: int
+    idle_seconds: int | None
+
+    @property
+    def policy(self) -> str:
+        return self.sharing_policy or Device.Sharing.EXCLUSIVE
+
+    @property
+    def slot_range(self) -> str:
+        """``2–3`` for the eighths of a physical card; empty for a MIG device or no allocation."""
+        if not self.slot_count or self.device is None or self.device.kind != Device.Kind.PHYSICAL:
+            return ""
+        return f"{self.slot_start}–{self.slot_start + self.slot_count - 1}"
+
+
+@dataclass(frozen=True)
+class Price:
+    currency: str
+    price_micros_per_hour: int  # locked at launch
+    card_burn_micros_per_hour: int
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What the session has cost so far."""
+
+    value_micros: int  # the seconds billed at the locked price, whoever paid (cards or money)
+    charged_micros: int  # money posted (wallet and overdraft)
+    accrued_micros: int  # money for seconds billed but not posted yet
+    card_micros: int  # card-hour micros its cards paid
+    wallet_micros: int
+    overdraft_micros: int
+    billed_seconds: int
+
+    @property
+    def total_micros(self) -> int:
+        return self.charged_micros + self.accrued_micros
+
+
+@dataclass(frozen=True)
+class Sample:
+    at: datetime
+    gpu_util_percent: int | None
+    memory_used_mib: int | None
+    temperature_c: int | None
+    power_w: float | None
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """GPU samples over the session's life. The agent reports figures per physical GPU only (NVML gives
+    a MIG device neither utilisation nor power; agents/nvml/reader.py), so a MIG session's figures are
+    its parent card's, and a shared card's are the whole card's: always ``device_wide``."""
+
+    device_uuid: str | None  # the session's own device
+    device_wide: bool
+    samples: tuple[Sample, ...] | None  # oldest first; None when not read (``session_views`` of a list)
+
+
+@dataclass(frozen=True)
+class SessionView:
+    """What every reader of a session shows; the API's ``SessionOut``, ``SessionDetailOut`` and
+    ``MetricsOut`` render it as it is."""
+
+    session: Session  # the row, for what the readers show as stored (times, ids, max duration)
+    state: str
+    reason: str
+    live: bool
+    gpu_model: str | None
+    profile: str
+    environment: str
+    node: str | None
+    price: Price
+    cost: Cost | None  # None: never metered (it has not run)
+    limits: Limits
+    elapsed_seconds: int | None  # running time so far (or in all, once ended); None: never ran
+    runway_seconds: int | None  # until the paying account's cards and money run out at what it
+    # spends now (billing's Funds.runway_seconds); None unless running
+    queue: QueuePlace | None  # None unless queued
+    lab_url: str | None  # the way into its JupyterLab; None unless it is running and reachable
+    gpu_util_percent: int | None  # of its own processes, as the agent last reported
+    metrics: Metrics
+
+
+def session_view(session: Session, *, now: datetime | None = None) -> SessionView:
+    """One session as every reader shows it, its GPU samples included. ``session`` as the selectors
+    give it (gpu_model, profile, environment, node, device and account joined)."""
+    return session_views([session], now=now, samples=True)[0]
+
+
+def session_views(
+    sessions: Iterable[Session], *, now: datetime | None = None, samples: bool = False
+) -> list[SessionView]:
+    """``session_view`` of each session, in order, in a bounded number of queries: two for costs, four
+    for queue places (when any is queued), one for samples (when asked), one per paying account and GPU
+    model among the running (runway). Lists leave samples out unless ``samples``."""
+    sessions = list(sessions)
+    now = now or timezone.now()
+    costs = meter_costs(session_refs=[s.ref for s in sessions])
+    places = selectors.queue_places(sessions=sessions)
+    runways = _runways(sessions)
+    by_session = _samples(sessions, now=now) if samples else {}
+    return [
+        SessionView(
+            session=s,
+            state=s.state,
+            reason=s.reason,
+            live=s.state in Session.LIVE,
+            gpu_model=s.gpu_model.name if s.gpu_model_id else None,
+            profile=s.profile.name,
+            environment=s.environment.name,
+            node=s.node.name if s.node_id else None,
+            price=Price(
+                currency=settings.SITE_CURRENCY,
+                price_micros_per_hour=s.price_micros_per_hour,
+                card_burn_micros_per_hour=s.card_burn_micros_per_hour,
+            ),
+            cost=_cost(s, costs.get(s.ref)),
+            limits=_limits(s),
+            elapsed_seconds=(
+                int(((s.ended_at or now) - s.running_at).total_seconds()) if s.running_at else None
+            ),
+            runway_seconds=runways.get((s.account_id, s.gpu_model_id)) if s.state == S.RUNNING else None,
+            queue=places.get(s.id),
+            lab_url=selectors.session_lab_url(s) if s.state == S.RUNNING and s.upstream else None,
+            gpu_util_percent=s.gpu_util_percent,
+            metrics=Metrics(
+                device_uuid=s.device.uuid if s.device_id else None,
+                device_wide=True,
+                samples=tuple(by_session.get(s.id, ())) if samples else None,
+            ),
+        )
+        for s in sessions
+    ]
+
+
+def _cost(session: Session, cost: MeterCost | None) -> Cost | None:
+    if cost is None:
+        return None
+    return Cost(
+        value_micros=session.price_micros_per_hour * cost.billed_seconds // 3600,
+        charged_micros=cost.charged_micros,
+        accrued_micros=cost.accrued_micros,
+        card_micros=cost.card_micros,
+        wallet_micros=cost.wallet_micros,
+        overdraft_micros=cost.overdraft_micros,
+        billed_seconds=cost.billed_seconds,
+    )
+
+
+def _limits(session: Session) -> Limits:
+    device = session.device if session.device_id else None
+    memory_cap = percent = None
+    if device is not None and session.slot_count:
+        # As agents/gpuplan.py sets them: every policy caps at the share (whole = 8 of 8).
+        memory_cap = device.memory_mib * session.slot_count // SLOTS_PER_GPU
+        percent = 100 * session.slot_count // SLOTS_PER_GPU
+    reported = session.enforcement or None
+    enforced = {}
+    for key in LIMITS_ENFORCED:
+        part = (reported or {}).get(key) or {}
+        enforced[key] = Enforced(enforced=part.get("enforced") is True, by=part.get("by"))
+    return Limits(
+        device=(
+            DeviceRef(
+                id=device.id,
+                uuid=device.uuid,
+                kind=device.kind,
+                index=device.index,
+                name=device.mig_profile or device.nvml_name,
+                nvml_name=device.nvml_name,
+                gpu_model=session.gpu_model.name if session.gpu_model_id else None,
+                memory_mib=device.memory_mib,
+            )
+            if device is not None
+            else None
+        ),
+        slot_start=session.slot_start,
+        slot_count=session.slot_count,
+        sharing_policy=session.sharing_policy,
+        enforcement=reported,
+        enforced=enforced,
+        memory_cap_mib=memory_cap,
+        compute_percent=percent,
+        cpu_cores=float(session.environment.cpu_cores),
+        memory_mib=session.environment.memory_mib,
+        max_seconds=session.max_seconds,
+        idle_seconds=session.idle_seconds,
+    )
+
+
+def _runways(sessions: list[Session]) -> dict[tuple[int, int | None], int | None]:
+    """Funds runway per (account, GPU model) of the running sessions: cards count for their model."""
+    running = {(s.account_id, s.gpu_model_id): s for s in sessions if s.state == S.RUNNING}
+    return {
+        key: account_funds(
+            account=s.account, gpu_model=s.gpu_model.name if s.gpu_model_id else None
+        ).runway_seconds
+        for key, s in running.items()
+    }
+
+
+def _measured_device_id(session: Session) -> int | None:
+    """The device whose samples are the session's: its own, or for a MIG device the card it is cut
+    from (the heartbeat stores samples under the UUIDs the agent reports: physical cards only)."""
+    if not session.device_id:
+        return None
+    return session.device.parent_id or session.device_id
+
+
+def _samples(sessions: list[Session], *, now: datetime) -> dict[uuid.UUID, list[Sample]]:
+    """The samples of each session's measured device over its life, oldest first, in one query (the
+    heartbeat keeps DEVICE_SAMPLES_KEPT per device)."""
+    windows: dict[int, list[tuple[uuid.UUID, datetime, datetime]]] = {}
+    for s in sessions:
+        device_id = _measured_device_id(s)
+        if device_id is not None and s.running_at is not None:
+            windows.setdefault(device_id, []).append((s.id, s.running_at, s.ended_at or now))
+    if not windows:
+        return {}
+    rows = DeviceSample.objects.filter(
+        device_id__in=list(windows),
+        collected_at__gte=min(start for spans in windows.values() for _id, start, _end in spans),
+    ).order_by("collected_at", "id")
+    found: dict[uuid.UUID, list[Sample]] = {}
+    for row in rows:
+        for session_id, start, end in windows[row.device_id]:
+            if start <= row.collected_at <= end:
+                found.setdefault(session_id, []).append(
+                    Sample(
+                        at=row.collected_at,
+                        gpu_util_percent=row.gpu_util_percent,
+                        memory_used_mib=row.memory_used_mib,
+                        temperature_c=row.temperature_c,
+                        power_w=row.power_w,
+                    )
+                )
+    return found
