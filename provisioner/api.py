@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import permissions
@@ -26,11 +25,12 @@ from core.permissions import StaffOnly
 from provisioner import selectors
 from provisioner import serializers as io
 from provisioner.messages import message
-from provisioner.models import DeviceSample, Node, Quota, Session, SessionEvent
+from provisioner.models import Node, Quota, Session, SessionEvent
 from provisioner.quotas import quota_set
 from provisioner.services.heartbeats import heartbeat_record, heartbeat_validate
 from provisioner.services.nodes import node_by_token, node_enroll, node_set_state
 from provisioner.services.sessions import session_launch, session_stop
+from provisioner.session_view import session_view, session_views
 
 S = Session.State
 
@@ -46,100 +46,12 @@ def _valid(serializer_class, data):
     return serializer.validated_data
 
 
-# --- shaping -----------------------------------------------------------------------------------------
-
-
-def _jupyter_url(session: Session) -> str | None:
-    return selectors.session_lab_url(session) if session.state == S.RUNNING and session.upstream else None
-
-
-def session_body(session: Session) -> dict:
-    return {
-        "id": str(session.id),
-        "state": session.state,
-        "reason": session.reason,
-        "reason_code": session.reason_key or None,
-        "reason_params": session.reason_params if session.reason_key else None,
-        "gpu_model": session.gpu_model.name if session.gpu_model_id else None,
-        "profile": session.profile.name,
-        "environment": session.environment.name,
-        "account": {"id": session.account_id, "name": session.account.name, "kind": session.account.kind},
-        "node": session.node.name if session.node_id else None,
-        "created_at": session.created_at,
-        "queued_at": session.queued_at,
-        "placed_at": session.placed_at,
-        "starting_at": session.starting_at,
-        "running_at": session.running_at,
-        "stopping_at": session.stopping_at,
-        "ended_at": session.ended_at,
-        "jupyter_url": _jupyter_url(session),
-    }
-
-
-def _cost(session: Session) -> dict | None:
-    from billing.services.metering import meter_cost
-
-    try:
-        cost = meter_cost(session_ref=session.ref)
-    except NotFound:  # never ran: nothing metered
-        return None
-    return {
-        "charged_micros": cost.charged_micros,
-        "accrued_micros": cost.accrued_micros,
-        "total_micros": cost.charged_micros + cost.accrued_micros,
-        "card_micros": cost.card_micros,
-        "wallet_micros": cost.wallet_micros,
-        "overdraft_micros": cost.overdraft_micros,
-        "billed_seconds": cost.billed_seconds,
-    }
-
-
-def _limits(session: Session) -> dict:
-    device = session.device if session.device_id else None
-    memory_cap = percent = None
-    if device is not None and session.slot_count:
-        memory_cap = device.memory_mib * session.slot_count // 8
-        percent = 100 * session.slot_count // 8
-    return {
-        "device": (
-            {
-                "uuid": device.uuid,
-                "kind": device.kind,
-                "index": device.index,
-                "name": device.mig_profile or device.nvml_name,
-                "memory_mib": device.memory_mib,
-            }
-            if device
-            else None
-        ),
-        "slot_start": session.slot_start,
-        "slot_count": session.slot_count,
-        "enforcement": session.enforcement or None,
-        "memory_cap_mib": memory_cap,
-        "compute_percent": percent,
-        "sharing_policy": session.sharing_policy,
-        "cpu_cores": float(session.environment.cpu_cores),
-        "memory_mib": session.environment.memory_mib,
-        "max_seconds": session.max_seconds,
-        "idle_seconds": session.idle_seconds,
-    }
+# --- shaping ----------------------------------------------------------------------------------------
+# Every answer is an ``io.…Out`` serializer's rendering, so the schema is the answer's own shape.
 
 
 def session_detail_body(session: Session) -> dict:
-    place = selectors.queue_place(session=session)
-    return {
-        **session_body(session),
-        "last_alive_at": session.last_alive_at,
-        "queue": {"position": place.position, "estimate_seconds": place.estimate_seconds} if place else None,
-        "price": {
-            "currency": settings.SITE_CURRENCY,
-            "price_micros_per_hour": session.price_micros_per_hour,
-            "card_burn_micros_per_hour": session.card_burn_micros_per_hour,
-        },
-        "cost": _cost(session),
-        "limits": _limits(session),
-        "gpu_util_percent": session.gpu_util_percent,
-    }
+    return io.SessionDetailOut(session_view(session)).data
 
 
 def _session_for(request: Request, session_id) -> Session:
@@ -180,7 +92,7 @@ class SessionListView(APIView):
             sessions = sessions.filter(state__in=sorted(states))
         paginator = LimitOffsetPagination()
         page = paginator.paginate_queryset(sessions, request, view=self)
-        return paginator.get_paginated_response([session_body(s) for s in page])
+        return paginator.get_paginated_response(io.SessionOut(session_views(page), many=True).data)
 
     @extend_schema(
         summary="Launch a session (placed now, or queued when nothing fits)",
@@ -254,20 +166,7 @@ class SessionEventsView(APIView):
     def get(self, request: Request, session_id: str) -> Response:
         session = _session_for(request, session_id)
         events = SessionEvent.objects.filter(session=session).order_by("at", "id")[:1000]
-        return Response(
-            [
-                {
-                    "at": e.at,
-                    "kind": e.kind,
-                    "from_state": e.from_state,
-                    "to_state": e.to_state,
-                    "message": e.message,
-                    "message_code": e.message_key or None,
-                    "message_params": e.message_params if e.message_key else None,
-                }
-                for e in events
-            ]
-        )
+        return Response(io.EventOut(events, many=True).data)
 
 
 class SessionMetricsView(APIView):
@@ -276,33 +175,7 @@ class SessionMetricsView(APIView):
         responses={200: io.MetricsOut},
     )
     def get(self, request: Request, session_id: str) -> Response:
-        session = _session_for(request, session_id)
-        device = session.device if session.device_id else None
-        if device is None or session.running_at is None:
-            return Response({"device": device.uuid if device else None, "device_wide": True, "samples": []})
-        # NVML reports figures per physical GPU: a MIG device's are its parent's.
-        measured = device.parent_id or device.id
-        samples = DeviceSample.objects.filter(
-            device_id=measured,
-            collected_at__gte=session.running_at,
-            collected_at__lte=session.ended_at or timezone.now(),
-        ).order_by("collected_at", "id")
-        return Response(
-            {
-                "device": device.uuid,
-                "device_wide": True,
-                "samples": [
-                    {
-                        "at": s.collected_at,
-                        "gpu_util_percent": s.gpu_util_percent,
-                        "memory_used_mib": s.memory_used_mib,
-                        "temperature_c": s.temperature_c,
-                        "power_w": s.power_w,
-                    }
-                    for s in samples
-                ],
-            }
-        )
+        return Response(io.MetricsOut(session_view(_session_for(request, session_id)).metrics).data)
 
 
 class QuotaView(APIView):
@@ -314,40 +187,6 @@ class QuotaView(APIView):
 # --- staff endpoints ---------------------------------------------------------------------------------
 
 
-def node_body(node: Node) -> dict:
-    devices = []
-    for device in node.devices.all():
-        devices.append(
-            {
-                "id": device.id,
-                "uuid": device.uuid,
-                "index": device.index,
-                "kind": device.kind,
-                "parent": device.parent_id,
-                "gpu_model": device.gpu_model.name if device.gpu_model_id else None,
-                "nvml_name": device.nvml_name,
-                "mig_profile": device.mig_profile,
-                "mig_mode": device.mig_mode,
-                "memory_mib": device.memory_mib,
-                "health": device.health,
-                "sharing_policy": device.sharing_policy,
-                "slot_map": selectors.slot_map(device=device),
-                "last_seen_at": device.last_seen_at,
-            }
-        )
-    return {
-        "id": node.id,
-        "name": node.name,
-        "address": node.address,
-        "state": node.state,
-        "labels": node.labels,
-        "last_heartbeat_at": node.last_heartbeat_at,
-        "agent_version": node.agent_version,
-        "runtime": node.runtime,
-        "devices": devices,
-    }
-
-
 def _nodes():
     return Node.objects.prefetch_related("devices__gpu_model").order_by("name")
 
@@ -357,7 +196,7 @@ class AdminNodeListView(APIView):
 
     @extend_schema(summary="Nodes and their devices (staff)", responses={200: io.NodeOut(many=True)})
     def get(self, request: Request) -> Response:
-        return Response([node_body(n) for n in _nodes()])
+        return Response(io.NodeOut(_nodes(), many=True).data)
 
     @extend_schema(
         operation_id="admin_nodes_create",
@@ -370,9 +209,8 @@ class AdminNodeListView(APIView):
         enrolment = node_enroll(
             name=fields["name"], address=fields["address"], labels=fields.get("labels"), actor=request.user
         )
-        return Response(
-            {**node_body(_nodes().get(id=enrolment.node.id)), "token": enrolment.token}, status=201
-        )
+        node = _nodes().get(id=enrolment.node.id)
+        return Response(io.NodeEnrolledOut(node, context={"token": enrolment.token}).data, status=201)
 
 
 class AdminNodeActionView(APIView):
@@ -387,17 +225,7 @@ class AdminNodeActionView(APIView):
     def post(self, request: Request, node_id: int, action: str) -> Response:
         fields = _valid(io.NodeActionIn, request.data)
         node = node_set_state(node_id=node_id, action=action, actor=request.user, reason=fields["reason"])
-        return Response(node_body(_nodes().get(id=node.id)))
-
-
-def quota_body(quota: Quota) -> dict:
-    return {
-        "id": quota.id,
-        "user": quota.user_id,
-        "account": quota.account_id,
-        "limits": quota.limits(),
-        "updated_at": quota.updated_at,
-    }
+        return Response(io.NodeOut(_nodes().get(id=node.id)).data)
 
 
 class AdminQuotaView(APIView):
@@ -405,7 +233,7 @@ class AdminQuotaView(APIView):
 
     @extend_schema(summary="Every quota row (staff)", responses={200: io.QuotaOut(many=True)})
     def get(self, request: Request) -> Response:
-        return Response([quota_body(q) for q in Quota.objects.order_by("id")])
+        return Response(io.QuotaOut(Quota.objects.order_by("id"), many=True).data)
 
     @extend_schema(
         summary="Set limits of a user, a team account, or a member inside a team (staff; audited)",
@@ -431,7 +259,7 @@ class AdminQuotaView(APIView):
             actor=request.user,
             reason=fields["reason"],
         )
-        return Response(quota_body(quota))
+        return Response(io.QuotaOut(quota).data)
 
 
 # --- the agents' door --------------------------------------------------------------------------------
@@ -459,4 +287,4 @@ class HeartbeatView(APIView):
         except NotFound:
             raise NodeUnauthorised("Unknown node token.")
         body = heartbeat_validate(request.data)
-        return Response(heartbeat_record(node=node, body=body).as_body())
+        return Response(io.HeartbeatOut(heartbeat_record(node=node, body=body)).data)

@@ -1,11 +1,15 @@
-"""Input checks and OpenAPI shapes of the provisioner's API. The views build the answers from the
-selectors; these classes say what goes in and, for the schema, what comes out."""
+"""Input checks and output shapes of the provisioner's API. The views render their answers through the
+``…Out`` classes, and the OpenAPI schema is read from the same classes, so the two cannot differ."""
 
 from __future__ import annotations
 
+from datetime import UTC
+
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from provisioner.models import Device, Session
+from provisioner.models import Device, Session, SessionEvent
+from provisioner.selectors import slot_map
 
 # --- input -------------------------------------------------------------------------------------------
 
@@ -66,7 +70,14 @@ class QuotaSetIn(serializers.Serializer):
         return attrs
 
 
-# --- output (for the schema) -------------------------------------------------------------------------
+# --- output ------------------------------------------------------------------------------------------
+
+
+class UtcDateTimeField(serializers.DateTimeField):
+    """A time as this API has always written it: ISO 8601 in UTC (``…Z``), whatever the reader's zone."""
+
+    def __init__(self, **kwargs):
+        super().__init__(default_timezone=UTC, **kwargs)
 
 
 class QueueOut(serializers.Serializer):
@@ -134,8 +145,15 @@ MESSAGE_PARAMS_HELP = (
 )
 
 
+class PayingAccountOut(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    kind = serializers.CharField()
+
+
+# SessionOut, SessionDetailOut and MetricsOut render a SessionView (provisioner/session_view.py).
 class SessionOut(serializers.Serializer):
-    id = serializers.UUIDField()
+    id = serializers.UUIDField(source="session.id")
     state = serializers.ChoiceField(choices=Session.State.choices)
     reason = serializers.CharField(help_text="Why the last transition happened, in English.")
     reason_code = serializers.CharField(
@@ -145,16 +163,16 @@ class SessionOut(serializers.Serializer):
     gpu_model = serializers.CharField(allow_null=True)
     profile = serializers.CharField()
     environment = serializers.CharField()
-    account = serializers.DictField()
+    account = PayingAccountOut(source="session.account")
     node = serializers.CharField(allow_null=True)
-    created_at = serializers.DateTimeField()
-    queued_at = serializers.DateTimeField(allow_null=True)
-    placed_at = serializers.DateTimeField(allow_null=True)
-    starting_at = serializers.DateTimeField(allow_null=True)
-    running_at = serializers.DateTimeField(allow_null=True)
-    stopping_at = serializers.DateTimeField(allow_null=True)
-    ended_at = serializers.DateTimeField(allow_null=True)
-    jupyter_url = serializers.CharField(allow_null=True)
+    created_at = UtcDateTimeField(source="session.created_at")
+    queued_at = UtcDateTimeField(source="session.queued_at", allow_null=True)
+    placed_at = UtcDateTimeField(source="session.placed_at", allow_null=True)
+    starting_at = UtcDateTimeField(source="session.starting_at", allow_null=True)
+    running_at = UtcDateTimeField(source="session.running_at", allow_null=True)
+    stopping_at = UtcDateTimeField(source="session.stopping_at", allow_null=True)
+    ended_at = UtcDateTimeField(source="session.ended_at", allow_null=True)
+    jupyter_url = serializers.CharField(source="lab_url", allow_null=True)
 
 
 class SessionPageOut(serializers.Serializer):
@@ -167,26 +185,38 @@ class SessionPageOut(serializers.Serializer):
 
 
 class SessionDetailOut(SessionOut):
-    last_alive_at = serializers.DateTimeField(allow_null=True)
+    last_alive_at = UtcDateTimeField(source="session.last_alive_at", allow_null=True)
     queue = QueueOut(allow_null=True)
     price = PriceOut()
     cost = CostOut(allow_null=True)
     limits = LimitsOut()
+    runway_seconds = serializers.IntegerField(
+        allow_null=True,
+        help_text="While running: until the paying account's cards and money run out at what it spends now.",
+    )
     gpu_util_percent = serializers.IntegerField(allow_null=True)
 
 
 class EventOut(serializers.Serializer):
-    at = serializers.DateTimeField()
+    at = UtcDateTimeField()
     kind = serializers.CharField()
     from_state = serializers.CharField()
     to_state = serializers.CharField()
     message = serializers.CharField(help_text="The line in English.")
-    message_code = serializers.CharField(allow_null=True, help_text="Its message key; null for free text.")
-    message_params = serializers.DictField(allow_null=True, help_text=MESSAGE_PARAMS_HELP)
+    message_code = serializers.SerializerMethodField(help_text="Its message key; null for free text.")
+    message_params = serializers.SerializerMethodField(help_text=MESSAGE_PARAMS_HELP)
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_message_code(self, event: SessionEvent) -> str | None:
+        return event.message_key or None
+
+    @extend_schema_field(serializers.DictField(allow_null=True))
+    def get_message_params(self, event: SessionEvent) -> dict | None:
+        return event.message_params if event.message_key else None
 
 
 class SampleOut(serializers.Serializer):
-    at = serializers.DateTimeField()
+    at = UtcDateTimeField()
     gpu_util_percent = serializers.IntegerField(allow_null=True)
     memory_used_mib = serializers.IntegerField(allow_null=True)
     temperature_c = serializers.IntegerField(allow_null=True)
@@ -194,9 +224,32 @@ class SampleOut(serializers.Serializer):
 
 
 class MetricsOut(serializers.Serializer):
-    device = serializers.CharField(allow_null=True)
+    device = serializers.CharField(source="device_uuid", allow_null=True)
     device_wide = serializers.BooleanField(help_text="True: the figures are the whole GPU's, shared or not.")
     samples = SampleOut(many=True)
+
+
+class NodeDeviceOut(serializers.Serializer):
+    id = serializers.IntegerField()
+    uuid = serializers.CharField()
+    index = serializers.IntegerField()
+    kind = serializers.ChoiceField(choices=Device.Kind.choices)
+    parent = serializers.IntegerField(source="parent_id", allow_null=True)
+    gpu_model = serializers.CharField(source="gpu_model.name", allow_null=True)
+    nvml_name = serializers.CharField()
+    mig_profile = serializers.CharField(allow_blank=True)
+    mig_mode = serializers.BooleanField()
+    memory_mib = serializers.IntegerField()
+    health = serializers.CharField()
+    sharing_policy = serializers.CharField()
+    slot_map = serializers.SerializerMethodField(
+        help_text="Eight cells: the session (short id) holding each slot."
+    )
+    last_seen_at = UtcDateTimeField(allow_null=True)
+
+    @extend_schema_field(serializers.ListField(child=serializers.CharField(allow_null=True)))
+    def get_slot_map(self, device: Device) -> list[str | None]:
+        return slot_map(device=device)
 
 
 class NodeOut(serializers.Serializer):
@@ -205,24 +258,28 @@ class NodeOut(serializers.Serializer):
     address = serializers.CharField()
     state = serializers.CharField()
     labels = serializers.DictField()
-    last_heartbeat_at = serializers.DateTimeField(allow_null=True)
+    last_heartbeat_at = UtcDateTimeField(allow_null=True)
     agent_version = serializers.CharField()
     runtime = serializers.CharField()
-    devices = serializers.ListField(child=serializers.DictField())
+    devices = NodeDeviceOut(source="devices.all", many=True)
 
 
 class NodeEnrolledOut(NodeOut):
-    token = serializers.CharField(help_text="Shown once: write it to the agent's --token-file.")
+    token = serializers.SerializerMethodField(help_text="Shown once: write it to the agent's --token-file.")
+
+    @extend_schema_field(serializers.CharField())
+    def get_token(self, _node) -> str:
+        return self.context["token"]
 
 
 class QuotaOut(serializers.Serializer):
     id = serializers.IntegerField()
-    user = serializers.IntegerField(allow_null=True)
-    account = serializers.IntegerField(allow_null=True)
+    user = serializers.IntegerField(source="user_id", allow_null=True)
+    account = serializers.IntegerField(source="account_id", allow_null=True)
     limits = serializers.DictField()
-    updated_at = serializers.DateTimeField()
+    updated_at = UtcDateTimeField()
 
 
-class HeartbeatOut(serializers.Serializer):
+class HeartbeatOut(serializers.Serializer):  # renders a services.heartbeats.HeartbeatAnswer
     desired_workloads = serializers.ListField(child=serializers.DictField())
     heartbeat_interval_seconds = serializers.IntegerField()

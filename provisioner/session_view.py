@@ -124,7 +124,9 @@ class SessionView:
 
     session: Session  # the row, for what the readers show as stored (times, ids, max duration)
     state: str
-    reason: str
+    reason: str  # in English, as stored
+    reason_code: str | None  # its key in provisioner.messages; None for free text
+    reason_params: dict | None  # the key's parameters; None for free text
     live: bool
     gpu_model: str | None
     profile: str
@@ -165,6 +167,8 @@ def session_views(
             session=s,
             state=s.state,
             reason=s.reason,
+            reason_code=s.reason_key or None,
+            reason_params=s.reason_params if s.reason_key else None,
             live=s.state in Session.LIVE,
             gpu_model=s.gpu_model.name if s.gpu_model_id else None,
             profile=s.profile.name,

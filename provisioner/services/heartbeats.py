@@ -182,14 +182,10 @@ def heartbeat_validate(body) -> dict:
 
 @dataclass(frozen=True)
 class HeartbeatAnswer:
+    """The answer to a heartbeat; the API renders it as ``serializers.HeartbeatOut``."""
+
     desired_workloads: list[dict]
     heartbeat_interval_seconds: int
-
-    def as_body(self) -> dict:
-        return {
-            "desired_workloads": self.desired_workloads,
-            "heartbeat_interval_seconds": self.heartbeat_interval_seconds,
-        }
 
 
 def _new_device_policy(node: Node, served: list[str] | None) -> str:

@@ -25,6 +25,7 @@ from provisioner.models import (
     Session,
     SessionEvent,
 )
+from provisioner.serializers import HeartbeatOut
 from provisioner.services.heartbeats import heartbeat_record
 from provisioner.services.nodes import node_enroll
 from tests.billing.conftest import fund, seed_prices
@@ -121,7 +122,7 @@ def beat(
                 entry["mig_devices"] = [
                     {"uuid": m.uuid, "profile": m.mig_profile, "memory_total_mib": m.memory_mib} for m in migs
                 ]
-    return heartbeat_record(node=node, body=heartbeat_body(gpus, workloads, metrics)).as_body()
+    return HeartbeatOut(heartbeat_record(node=node, body=heartbeat_body(gpus, workloads, metrics))).data
 
 
 def workload_status(session: Session, state: str = "running", **extra) -> dict:

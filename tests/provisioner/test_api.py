@@ -685,3 +685,34 @@ def test_the_demo_seed_is_idempotent_and_keeps_tokens(db, tmp_path):
     assert node_by_token(token=token_b).name == "node-b"
     assert set(GpuModel.objects.values_list("name", flat=True)) == {A100, "T4", "H200"}
     assert Environment.objects.get().python
+
+
+def test_the_sessions_list_takes_as_many_queries_for_twelve_sessions_as_for_three(
+    fleet, sent_tasks, django_assert_max_num_queries
+):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    user = make_user()
+    quota_set(user=user, limits={"max_sessions": 50, "max_eighths": 200})
+    client = client_for(user)
+
+    def add(*, slices: int, t4: int) -> None:
+        ids = [launch(client, profile="1/8").json()["id"] for _ in range(slices)]
+        ids += [launch(client, gpu_model="T4").json()["id"] for _ in range(t4)]
+        beat(
+            fleet,
+            [workload_status(s, "running") for s in Session.objects.filter(id__in=ids, state="placing")],
+        )
+
+    add(slices=1, t4=2)  # running on an A100 slice and the T4, one queued for the T4
+    assert {s.state for s in Session.objects.filter(owner=user)} == {"running", "queued"}
+    client.get("/api/v1/sessions")
+    with CaptureQueriesContext(connection) as three:
+        assert client.get("/api/v1/sessions").json()["count"] == 3
+    most = len(three)  # now: connection.queries keeps only the last 9,000
+    add(slices=6, t4=3)
+    with django_assert_max_num_queries(most):
+        body = client.get("/api/v1/sessions").json()
+    assert body["count"] == 12
+    assert sum(s["jupyter_url"] is not None for s in body["results"]) == 8
