@@ -28,7 +28,8 @@ from portal.selectors import accounts_payable_by
 from portal.shortcuts import account_or_404
 from provisioner import selectors as prov_selectors
 from provisioner.messages import message
-from provisioner.models import SLOTS_PER_GPU, Device, DeviceSample, Node, Session
+from provisioner.models import Device, Node, Session
+from provisioner.session_view import Limits, SessionView, session_view, session_views
 
 S = Session.State
 PROGRESS = [
@@ -184,26 +185,6 @@ def _session(request: HttpRequest, session_id) -> Session:
         raise Http404 from None
 
 
-def session_cost(session: Session) -> dict:
-    """What the session has cost so far: its value at the locked price for the seconds billed, and how
-    much of that cards and the wallet have paid (the rest is posted within a posting interval)."""
-    from billing.models import Meter
-    from billing.services.metering import meter_cost
-
-    try:
-        cost = meter_cost(session_ref=str(session.id))
-    except NotFound:
-        return {"value_micros": 0, "card_micros": 0, "posted_micros": 0}
-    billed = (
-        Meter.objects.filter(session_ref=str(session.id)).values_list("billed_seconds", flat=True).first()
-    )
-    return {
-        "value_micros": session.price_micros_per_hour * (billed or 0) // 3600,
-        "card_micros": cost.card_micros,
-        "posted_micros": cost.charged_micros,
-    }
-
-
 ENFORCED_WHY = {
     "device-nodes": gettext_lazy("the sandbox's /dev holds only this GPU"),
     "device-request": gettext_lazy("the container was given this GPU alone"),
@@ -220,94 +201,79 @@ ENFORCED_WHY = {
 }
 
 
-def enforcement_rows(enforcement: dict | None) -> dict[str, dict]:
-    """Per limit (device, memory, compute): enforced or advisory, and why, as the node reported it.
-    Nothing reported (an older agent, or not running yet) reads as advisory: never claim more."""
-    rows = {}
-    for key in ("device", "memory", "compute"):
-        part = (enforcement or {}).get(key) or {}
-        enforced = part.get("enforced") is True
-        rows[key] = {
-            "enforced": enforced,
-            "why": ENFORCED_WHY.get(part.get("by"), _("the node has not reported how it enforces this")),
-        }
-    return rows
+def _compute_line(limits: Limits) -> str:
+    percent = limits.compute_percent or 0
+    if limits.policy == "exclusive":
+        return _("the whole device")
+    if limits.policy == "fixed-share":
+        return _("%(percent)d%% of the SMs (HAMi-core)") % {"percent": percent}
+    if limits.policy == "equal-share":
+        return _("%(percent)d%% of the SMs (NVIDIA MPS)") % {"percent": percent}
+    if limits.policy == "best-effort":
+        return _("time-sliced with the others on the GPU, no guarantee")
+    return limits.policy
 
 
-def session_limits(session: Session) -> dict | None:
-    """What the workload gets on its device, and which of it the node really enforces (agents/gpuplan)."""
-    device = session.device
-    if device is None:
+def limits_shown(limits: Limits) -> dict | None:
+    """The view's limits in the reader's words: per limit, enforced or advisory and why (as the node
+    reported it; nothing reported reads as advisory). None without a device."""
+    if limits.device is None:
         return None
-    share = (session.slot_count or SLOTS_PER_GPU) / SLOTS_PER_GPU
-    policy = session.sharing_policy or "exclusive"
-    # As agents/gpuplan.py enforces it: every shared policy caps memory at the slice.
-    memory_cap = device.memory_mib if policy == "exclusive" else int(device.memory_mib * share)
-    percent = round(share * 100)
-    compute = {
-        "exclusive": _("the whole device"),
-        "fixed-share": _("%(percent)d%% of the SMs (HAMi-core)") % {"percent": percent},
-        "equal-share": _("%(percent)d%% of the SMs (NVIDIA MPS)") % {"percent": percent},
-        "best-effort": _("time-sliced with the others on the GPU, no guarantee"),
-    }.get(policy, policy)
     return {
-        "enforcement": enforcement_rows(session.enforcement),
-        "device": device,
-        "slots": (
-            f"{session.slot_start}–{session.slot_start + session.slot_count - 1}"
-            if session.slot_count and device.kind == Device.Kind.PHYSICAL
-            else ""
-        ),
-        "memory_cap_mib": memory_cap,
-        "compute": compute,
-        "policy": policy,
+        "enforcement": {
+            key: {
+                "enforced": row.enforced,
+                "why": ENFORCED_WHY.get(row.by, _("the node has not reported how it enforces this")),
+            }
+            for key, row in limits.enforced.items()
+        },
+        "device": limits.device,
+        "slots": limits.slot_range,
+        "memory_cap_mib": limits.memory_cap_mib,
+        "compute": _compute_line(limits),
+        "policy": limits.policy,
     }
 
 
-def session_metrics(session: Session, *, limit: int = 120) -> dict[str, list[float | None]]:
-    """GPU utilisation and memory use (% of the cap) over the session's life, for the chart."""
-    if session.device_id is None or session.running_at is None:
+CHART_SAMPLES = 120
+
+
+def chart_series(view: SessionView) -> dict[str, list[float | None]]:
+    """The view's last samples for the chart: GPU utilisation, and memory use as % of the cap; nothing
+    before it runs on a device."""
+    if view.limits.device is None or view.elapsed_seconds is None:
         return {}
-    until = session.ended_at or timezone.now()
-    samples = list(
-        DeviceSample.objects.filter(
-            device_id=session.device_id, collected_at__gte=session.running_at, collected_at__lte=until
-        )
-        .order_by("-collected_at")
-        .values_list("gpu_util_percent", "memory_used_mib")[:limit]
-    )[::-1]
-    limits = session_limits(session)
-    cap = max(1, limits["memory_cap_mib"]) if limits else 1
+    samples = (view.metrics.samples or ())[-CHART_SAMPLES:]
+    cap = max(1, view.limits.memory_cap_mib or 1)
     return {
-        _("GPU %"): [util for util, _mem in samples],
-        _("Memory %"): [None if mem is None else min(100.0, mem * 100 / cap) for _util, mem in samples],
+        _("GPU %"): [s.gpu_util_percent for s in samples],
+        _("Memory %"): [
+            None if s.memory_used_mib is None else min(100.0, s.memory_used_mib * 100 / cap) for s in samples
+        ],
     }
 
 
 def _session_context(request: HttpRequest, session: Session) -> dict:
+    view = session_view(session)
     order = [state for state, _label in PROGRESS]
-    reached = order.index(session.state) if session.state in order else len(order)
-    if session.state in Session.ENDED or session.state == S.STOPPING:
+    reached = order.index(view.state) if view.state in order else len(order)
+    if view.state in Session.ENDED or view.state == S.STOPPING:
         reached = len(order) if session.running_at else order.index(S.STARTING)
     steps = [
-        {"state": state, "label": label, "done": i < reached, "current": session.state == state}
+        {"state": state, "label": label, "done": i < reached, "current": view.state == state}
         for i, (state, label) in enumerate(PROGRESS)
     ]
-    elapsed = None
-    if session.running_at:
-        elapsed = int(((session.ended_at or timezone.now()) - session.running_at).total_seconds())
     return {
         "session": session,
+        "view": view,
         "steps": steps,
-        "cost": session_cost(session),
-        "elapsed": elapsed,
-        "queue": prov_selectors.queue_place(session=session),
-        "limits": session_limits(session),
-        "metrics": session_metrics(session),
+        "queue": view.queue,
+        "limits": limits_shown(view.limits),
+        "metrics": chart_series(view),
         "events": session.events.order_by("-at")[:50],
-        "live": session.state in Session.LIVE,
+        "live": view.live,
         "live_seconds": live_seconds(session),
-        "jupyter_url": prov_selectors.session_lab_url(session) if session.state == S.RUNNING else "",
+        "jupyter_url": view.lab_url,
     }
 
 
@@ -345,10 +311,9 @@ def session_stop_view(request: HttpRequest, session_id) -> HttpResponse:
     return redirect("session_detail", session_id=session.id)
 
 
-def running_sessions(*, user) -> list[dict]:
-    """The user's live sessions with their cost so far, for the dashboard."""
-    sessions = prov_selectors.session_list_for_user(user=user).filter(state__in=Session.LIVE)[:20]
-    return [{"session": s, "cost": session_cost(s)} for s in sessions]
+def running_sessions(*, user) -> list[SessionView]:
+    """The user's live sessions, for the dashboard."""
+    return session_views(prov_selectors.session_list_for_user(user=user).filter(state__in=Session.LIVE)[:20])
 
 
 # --- operations --------------------------------------------------------------------------------------

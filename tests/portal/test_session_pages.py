@@ -173,3 +173,69 @@ def test_the_page_says_enforced_only_for_what_the_node_reports_enforced(
     user.save(update_fields=["language"])
     chinese = badges("zh-hans")
     assert chinese["device"].startswith("已强制") and chinese["memory"].startswith("仅供参考")
+
+
+def test_a_mig_sessions_chart_shows_the_figures_the_agent_reports_for_its_card(settings):
+    """The agent reports figures per physical card (NVML has none per MIG device), so a MIG session's
+    chart is its card's: memory as % of the MIG device's cap, no GPU % (NVML has none in MIG mode)."""
+    from provisioner.services.sessions import session_launch
+    from tests.provisioner.conftest import ENV, beat, fund, gpu, make_catalog, make_node, workload_status
+
+    make_catalog()
+    migs = [{"uuid": f"MIG-m-0-{i}", "profile": "1g.18gb", "memory_total_mib": 16384} for i in range(7)]
+    node, _token = make_node("node-m", [gpu(0, "GPU-m-0", "NVIDIA H200", 143771, mig_devices=migs)])
+    user, client = _user("mia")
+    fund(user.account, 100_000_000)
+    session = session_launch(
+        user=user, account=user.account, gpu_model="H200", profile="1g.18gb", environment=ENV,
+        max_hours=None, idle_minutes=None, idempotency_key=None,
+    )  # fmt: skip
+    assert session.device.kind == Device.Kind.MIG
+    for used_mib in (4096, 8192):
+        beat(
+            node,
+            [workload_status(session, "running")],
+            metrics=[
+                {"uuid": "GPU-m-0", "gpu_util_percent": None, "memory_used_mib": used_mib, "power_w": 90.0}
+            ],
+        )
+    response = client.get(f"/sessions/{session.id}/live")
+    assert response.context["metrics"] == {"GPU %": [None, None], "Memory %": [25.0, 50.0]}
+    assert "<title>Memory %</title>" in response.content.decode()
+    api = client.get(f"/api/v1/sessions/{session.id}/metrics").json()
+    assert api["device"] == session.device.uuid and api["device_wide"] is True
+    assert [s["memory_used_mib"] for s in api["samples"]] == [4096, 8192]
+
+
+def test_the_dashboard_takes_as_many_queries_for_eleven_sessions_as_for_two(
+    fleet, django_assert_max_num_queries
+):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from provisioner.quotas import quota_set
+    from provisioner.services.sessions import session_launch, session_mark_running
+
+    user, client = _user("ada", funded=100_000_000)
+    quota_set(user=user, limits={"max_sessions": 50, "max_eighths": 200})
+
+    def add(profile: str, count: int) -> None:
+        for _ in range(count):
+            session = session_launch(
+                user=user, account=user.account, gpu_model="T4", profile=profile,
+                environment="python-3.11", max_hours=None, idle_minutes=None, idempotency_key=None,
+            )  # fmt: skip
+            session_mark_running(session_id=session.id, upstream="http://127.0.0.1:1")
+
+    add("1/2", 1)  # running
+    add("whole", 1)  # queued behind it
+    client.get("/dashboard/")
+    with CaptureQueriesContext(connection) as two:
+        page = client.get("/dashboard/").content.decode()
+    assert page.count("/lab/tree/Welcome.ipynb") == 1
+    most = len(two)  # now: connection.queries keeps only the last 9,000
+    add("1/2", 1)
+    add("whole", 8)
+    with django_assert_max_num_queries(most):
+        page = client.get("/dashboard/").content.decode()
+    assert page.count("/lab/tree/Welcome.ipynb") == 2 and page.count('class="badge queued"') == 9
