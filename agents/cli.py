@@ -182,8 +182,9 @@ def main(argv: list[str] | None = None) -> int:
                 "root" if os.geteuid() == 0 else f"uid {os.geteuid()}",
             )
 
-    from agents.api import AgentApi, make_server
+    from agents.api import AgentApi
     from agents.heartbeat import Heartbeats
+    from agents.server import make_server
     from agents.workloads import Workloads
 
     workloads = Workloads(
