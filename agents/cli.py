@@ -15,12 +15,11 @@ import shutil
 import signal
 import sys
 import threading
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import NoReturn
 
 from agents import __version__
-from agents.api import AgentApi, make_server
+from agents.api import AgentApi
 from agents.egress import EgressPolicy, EgressServer
 from agents.gpuplan import VGPU_LIB_TARGET, HostGpuTools
 from agents.heartbeat import Heartbeats
@@ -28,6 +27,7 @@ from agents.nvml import GpuReader, nvml_source
 from agents.nvml.fleet import FleetError
 from agents.runtimes import Runtime, RuntimeOptions, runtime_class, runtime_names
 from agents.sandbox import parse_uid_range
+from agents.server import AgentServer, make_server
 from agents.workloads import Workloads
 
 log = logging.getLogger("agents")
@@ -250,7 +250,7 @@ def workload_runtime(args: argparse.Namespace, state_dir: Path) -> Runtime:
     return runtime
 
 
-def serve(server: ThreadingHTTPServer, workloads: Workloads, heartbeats: Heartbeats | None) -> None:
+def serve(server: AgentServer, workloads: Workloads, heartbeats: Heartbeats | None) -> None:
     """Serve the API and beat until SIGTERM or SIGINT, watching the workloads; leave them running."""
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):

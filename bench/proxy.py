@@ -11,7 +11,9 @@ WebSocket round trips (``kernel_info_request`` on a kernel's channels) go, in th
   routed from a fixed table) → agent gateway → socket;
 - ``chp``: configurable-http-proxy (npm, installed under .data/bench on first run) → the same socket.
 
-Prints p50/p99 in milliseconds and the ratios. Never fails on a time.
+Prints p50/p99 in milliseconds and the ratios, and the CPU time the proxies on each path spent per
+request and per round trip (from /proc: on a shared machine latencies follow the load, CPU time much
+less). Never fails on a time.
 
     .venv/bin/python bench/proxy.py [--requests 2000] [--ws-rounds 300]
 """
@@ -90,6 +92,16 @@ def _chp_binary(data: Path) -> str | None:
             check=False,
         )  # fmt: skip
     return str(binary) if binary.exists() else None
+
+
+def _cpu_seconds(pids: list[int]) -> float:
+    """User and system time of these processes (all their threads) so far."""
+    total = 0.0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def _percentiles(samples: list[float]) -> tuple[float, float]:
@@ -219,12 +231,13 @@ def main() -> None:
         if not sock.startswith("/"):
             raise SystemExit(f"bench: expected a Unix socket upstream, got {upstream!r}")
 
-        processes.append(subprocess.Popen(
+        proxy = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "--factory", "proxy:make_app", "--app-dir", str(ROOT / "bench"),
              "--host", "127.0.0.1", "--port", str(proxy_port), "--log-level", "warning", "--no-access-log",
              "--ws-per-message-deflate", "false"],
             env=env, cwd=ROOT,
-        ))  # fmt: skip
+        )  # fmt: skip
+        processes.append(proxy)
         chp = _chp_binary(data)
         if chp:
             target = "unix+http://" + urllib.parse.quote(sock, safe="")
@@ -248,25 +261,46 @@ def main() -> None:
             kernel = client.post(f"/jupyter/{SESSION}/api/kernels", json={}).json()["id"]
         time.sleep(2)
 
+        # The proxies each path goes through, whose CPU time it is charged.
+        on_path = {"direct": [], "gateway": [agent.pid], "ours": [agent.pid, proxy.pid]}
+        if chp:
+            on_path["chp"] = [processes[-1].pid]
         # Interleave the paths in blocks so that load from elsewhere on the machine hits all of them alike.
         http_samples = {name: [] for name in paths}
         ws_samples = {name: [] for name in paths}
+        http_cpu = dict.fromkeys(paths, 0.0)
+        ws_cpu = dict.fromkeys(paths, 0.0)
         blocks = 5
         for _ in range(blocks):
             for name, path in paths.items():
+                started = _cpu_seconds(on_path[name])
                 http_samples[name] += _http_round_trips(path, args.requests // blocks)
+                between = _cpu_seconds(on_path[name])
                 ws_samples[name] += asyncio.run(_ws_round_trips(path, kernel, args.ws_rounds // blocks))
+                http_cpu[name] += between - started
+                ws_cpu[name] += _cpu_seconds(on_path[name]) - between
         results = {name: (_percentiles(http_samples[name]), _percentiles(ws_samples[name])) for name in paths}
         print(
             f"\nJupyter proxy benchmark: {args.requests} HTTP requests, {args.ws_rounds} WebSocket round "
             f"trips each; JupyterLab on a Unix socket, agent sandbox: {sandbox}"
         )
-        print(f"{'path':<8} {'HTTP p50':>9} {'HTTP p99':>9} {'WS p50':>8} {'WS p99':>8}   (milliseconds)")
+        print(
+            f"{'path':<8} {'HTTP p50':>9} {'HTTP p99':>9} {'WS p50':>8} {'WS p99':>8}   (milliseconds)"
+            f"   {'proxy CPU/request':>17} {'/WS round':>9}   (microseconds)"
+        )
+        warm_up = 50 * blocks, 10 * blocks  # the rounds each block runs before it samples
         for name, ((h50, h99), (w50, w99)) in results.items():
-            print(f"{name:<8} {h50:9.3f} {h99:9.3f} {w50:8.3f} {w99:8.3f}")
+            per_request = http_cpu[name] / (len(http_samples[name]) + warm_up[0]) * 1e6
+            per_round = ws_cpu[name] / (len(ws_samples[name]) + warm_up[1]) * 1e6
+            print(
+                f"{name:<8} {h50:9.3f} {h99:9.3f} {w50:8.3f} {w99:8.3f}"
+                f"                  {per_request:17.0f} {per_round:9.0f}"
+            )
         (d50, _), (dw50, _) = results["direct"]
         (o50, _), (ow50, _) = results["ours"]
         (g50, _), _ = results["gateway"]
+        load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+        print(f"load average at the end: {load} on {os.cpu_count()} CPUs")
         print(f"\nours (portal -> agent -> socket) / direct, HTTP p50: {o50 / d50:.2f}x   (target <= 1.5x)")
         print(f"gateway alone / direct, HTTP p50: {g50 / d50:.2f}x")
         print(f"ours - direct, WS p50: {ow50 - dw50:+.3f} ms")

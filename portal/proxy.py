@@ -21,18 +21,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from http.cookies import SimpleCookie
 from urllib.parse import urlsplit
 
-import websockets
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
-from portal.upstream import UpstreamError, UpstreamPool
+from portal.upstream import UpstreamError, UpstreamPool, open_websocket
 
 log = logging.getLogger(__name__)
 
@@ -227,47 +225,38 @@ class JupyterProxy:
         connect = await receive()
         if connect["type"] != "websocket.connect":
             return
-        target = "ws" + route.upstream.removeprefix("http") + _raw_path(scope)
-        subprotocols = [p.strip() for p in scope.get("subprotocols", []) if p.strip()]
+        host, port = route.address
         try:
-            upstream = await websockets.connect(
-                target,
-                additional_headers={"Authorization": route.authorization},
-                subprotocols=subprotocols or None,
+            upstream = await open_websocket(
+                host=host,
+                port=port,
+                target=_raw_path(scope),
+                authorization=route.authorization,
                 origin=route.upstream,
-                max_size=None,
-                compression=None,
-                open_timeout=10,
+                subprotocols=[p.strip() for p in scope.get("subprotocols", []) if p.strip()],
             )
-        except (OSError, websockets.exceptions.WebSocketException, TimeoutError) as exc:
-            log.info("jupyter websocket upstream %s refused: %s", target, exc)
+        except UpstreamError as exc:
+            log.info("jupyter websocket upstream %s refused: %s", route.upstream, exc)
             await send({"type": "websocket.close", "code": 1011})
             return
         await send({"type": "websocket.accept", "subprotocol": upstream.subprotocol})
-        ack_now = _quick_acks(upstream.transport.get_extra_info("socket"))
 
         async def client_to_upstream():
             while True:
                 message = await receive()
                 if message["type"] == "websocket.disconnect":
-                    await upstream.close()
                     return
                 if message.get("bytes") is not None:
                     await upstream.send(message["bytes"])
                 elif message.get("text") is not None:
                     await upstream.send(message["text"])
-                ack_now()
 
         async def upstream_to_client():
-            try:
-                async for frame in upstream:
-                    ack_now()
-                    if isinstance(frame, bytes):
-                        await send({"type": "websocket.send", "bytes": frame})
-                    else:
-                        await send({"type": "websocket.send", "text": frame})
-            except websockets.exceptions.ConnectionClosed:
-                pass
+            while (message := await upstream.recv()) is not None:
+                if isinstance(message, str):
+                    await send({"type": "websocket.send", "text": message})
+                else:
+                    await send({"type": "websocket.send", "bytes": message})
             with contextlib.suppress(Exception):
                 await send({"type": "websocket.close", "code": upstream.close_code or 1000})
 
@@ -277,7 +266,7 @@ class JupyterProxy:
         finally:
             for task in tasks:
                 task.cancel()
-            await upstream.close()
+            upstream.close()
 
     # -- answers of our own ----------------------------------------------------------------------------------
 
@@ -314,23 +303,6 @@ class JupyterProxy:
             }
         )
         await send({"type": "http.response.body", "body": b""})
-
-
-def _quick_acks(sock) -> Callable[[], None]:
-    """A function that puts the upstream socket in quick-ACK mode (Linux), to be called around each
-    message: Jupyter writes a kernel's answer as several small frames without TCP_NODELAY, so each frame
-    after the first waits for the ACK of the one before, which the receiver delays by up to 40 ms. Acking
-    at once makes a kernel round trip through the proxy ~4 ms instead of ~44 ms (bench/proxy.py). The
-    kernel leaves quick-ACK mode by itself, hence a call per message."""
-    option = getattr(socket, "TCP_QUICKACK", None)
-    if sock is None or option is None:
-        return lambda: None
-
-    def ack_now() -> None:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.IPPROTO_TCP, option, 1)
-
-    return ack_now
 
 
 def _raw_path(scope) -> str:
