@@ -204,7 +204,8 @@ def transfers_post_many(*, legs: Sequence[Leg]) -> list[int]:
     if not first:
         return []
     todo = list(first.values())
-    with transaction.atomic(), bulk_cursor() as cursor:
+    # wrap_database_errors: the raw cursor's errors reach callers as Django's (IntegrityError, …)
+    with transaction.atomic(), connection.wrap_database_errors, bulk_cursor() as cursor:
         cursor.execute(
             "SELECT id, kind, unit, balance_micros FROM billing_ledgeraccount WHERE id = ANY(%s) "
             "ORDER BY id FOR UPDATE",
