@@ -1,9 +1,10 @@
 """The double-entry ledger: every balance change is one transfer with an idempotency key.
 
-Two ways in, with the same guarantees: the ORM one (``transfer_post``, ``post_legs_locked``) for a few
-transfers at a time, and ``transfers_post_many`` for thousands at once (the metering tick); the two
-write the same transfers, entries and balances (``tests/billing/test_ledger_paths.py``). No other
-module writes ``billing_transfer``, ``billing_entry`` or a cached balance.
+Two ways in: the ORM one for a few transfers at a time (``transfer_post``; ``post_legs_locked`` for a
+caller that took the locks and checked the keys) and ``transfers_post_many`` for thousands at once
+(the metering tick). Given the same legs they write the same transfers, entries and balances and
+refuse the same way (``tests/billing/test_ledger_paths.py``). No other module writes
+``billing_transfer``, ``billing_entry`` or a cached balance.
 
 Locks: the two ledger accounts of a transfer are locked with ``select_for_update`` in id order, so
 concurrent transfers never deadlock. A replayed idempotency key returns the first transfer and moves
