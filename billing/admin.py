@@ -42,6 +42,7 @@ from billing.services.pricing import burn_rate_set, price_set
 from billing.services.reconcile import ledger_hold_resolve
 from core.admin import ReadOnlyAdmin
 from core.errors import ApplicationError
+from core.units import hours_to_micros
 
 
 def _micros(value: int | None) -> str:
@@ -427,7 +428,7 @@ class CardBatchAdmin(admin.ModelAdmin):
             data = form.cleaned_data
             try:
                 batch, codes = card_batch_issue(
-                    hours_micros=int(data["hours"] * 1_000_000),
+                    hours_micros=hours_to_micros(data["hours"]),
                     count=data["count"],
                     valid_days=data["valid_days"],
                     valid_until=data["valid_until"],

@@ -32,6 +32,7 @@ from billing.services.pricing import price_set
 from billing.services.topups import amount_parse, topup_create, topup_webhook_handle
 from core.errors import ApplicationError, NotFound, ValidationFailed
 from core.permissions import StaffOnly
+from core.units import hours_to_micros
 
 ACCOUNT = OpenApiParameter(
     "account", int, description="A team account you belong to; your own account when omitted."
@@ -347,7 +348,7 @@ class CardSplitView(APIView):
     def post(self, request: Request, card_id: int) -> Response:
         data = SplitInput(data=request.data)
         data.is_valid(raise_exception=True)
-        parts = [int(hours * 1_000_000) for hours in data.validated_data["parts"]]
+        parts = [hours_to_micros(hours) for hours in data.validated_data["parts"]]
         key = request.headers.get("Idempotency-Key") or None
         account = _account(request)
         replay = (
@@ -517,7 +518,7 @@ class AdminCardBatchListView(APIView):
         data.is_valid(raise_exception=True)
         fields = data.validated_data
         batch, codes = card_batch_issue(
-            hours_micros=int(fields["hours"] * 1_000_000),
+            hours_micros=hours_to_micros(fields["hours"]),
             count=fields["count"],
             valid_days=fields.get("valid_days"),
             valid_until=fields.get("valid_until"),

@@ -10,6 +10,8 @@ import secrets
 
 from django.conf import settings
 
+from core.units import micros_to_hours
+
 ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 CHECK_ALPHABET = ALPHABET + "*~$=U"
 DATA_LENGTH = 16  # 16 × 5 = 80 bits
@@ -73,7 +75,7 @@ def codes_csv(*, batch, codes: list[str]) -> str:
         writer.writerow(
             [
                 code,
-                f"{batch.hours_micros / 1_000_000:g}",
+                f"{micros_to_hours(batch.hours_micros):g}",
                 batch.label,
                 batch.pk,
                 batch.valid_days or "",

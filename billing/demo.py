@@ -18,6 +18,7 @@ from billing.services.cards import card_batch_issue, card_redeem
 from billing.services.ledger import wallet_for
 from billing.services.pricing import burn_multiplier_milli, burn_rate_set
 from billing.services.topups import wallet_credit_promotion
+from core.units import micros_to_hours
 
 # card-hours burned per hour of a whole card, in thousandths (names as the provisioner's GPU models)
 BURN_RATES = [("T4", 500), ("A100-SXM4-80GB", 2000), ("H200", 4000)]
@@ -49,8 +50,10 @@ def seed(*, data_dir: Path | str) -> dict:
             card_redeem(user=student, account=student.account, code=codes.pop(0))
         data_dir.mkdir(parents=True, exist_ok=True)
         codes_file.write_text(
-            f"# unredeemed invite codes of the card batch “{COURSE}” ({COURSE_HOURS_MICROS // 1_000_000} h "
-            "each); redeem one at /cards/\n" + "\n".join(codes) + "\n"
+            f"# unredeemed invite codes of the card batch “{COURSE}” "
+            f"({micros_to_hours(COURSE_HOURS_MICROS)} h each); redeem one at /cards/\n"
+            + "\n".join(codes)
+            + "\n"
         )
         codes_file.chmod(0o600)
     done["codes"] = [line for line in codes_file.read_text().splitlines() if line and line[0] != "#"]
@@ -79,7 +82,7 @@ def demo_billing(*, url: str, data_dir: Path) -> list[str]:
     lines = [f"card burn rates:    {rates}"]
     if done["student_card"]:
         lines.append(
-            f"student:            a redeemed {COURSE_HOURS_MICROS // 1_000_000}-hour card “{COURSE}”"
+            f"student:            a redeemed {micros_to_hours(COURSE_HOURS_MICROS)}-hour card “{COURSE}”"
         )
     lines.append(
         f"invite codes:       {len(done['codes'])} unredeemed in {done['codes_file']} ({url}/cards/)"

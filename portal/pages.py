@@ -23,6 +23,7 @@ from django.utils.translation import gettext as _
 from billing import selectors as billing_selectors
 from billing.models import Account, Entry, LedgerAccount, Transfer
 from core.errors import ApplicationError, ValidationFailed
+from core.units import hours_to_micros
 from portal.selectors import account_managed_by, accounts_payable_by
 from portal.shortcuts import account_or_404
 
@@ -164,12 +165,16 @@ def _hours_to_micros(text: str) -> int:
     from decimal import Decimal, InvalidOperation
 
     try:
-        value = Decimal(text.strip()) * 1_000_000
+        hours = Decimal(text.strip())
     except (InvalidOperation, ValueError):
         raise ValidationFailed(_("“%(text)s” is not a number of hours.") % {"text": text[:20]}) from None
-    if value != value.to_integral_value() or value <= 0:
+    try:
+        micros = hours_to_micros(hours)
+    except ValueError:  # a fraction of a micro-hour, or not finite
+        micros = 0
+    if micros <= 0:
         raise ValidationFailed(_("Hours must be positive, with at most six decimals."))
-    return int(value)
+    return micros
 
 
 def _client_ip(request: HttpRequest) -> str:

@@ -41,6 +41,7 @@ from billing.services.ledger import (
 )
 from core.clock import db_now
 from core.errors import Conflict, NotFound, RateLimited, ValidationFailed
+from core.units import micros_to_hours
 
 GIFT_CODE_VALID_DAYS = 14
 MAX_BATCH = 10_000
@@ -577,7 +578,7 @@ def card_remind(*, now: datetime | None = None) -> int:
 
 
 def _reminder_text(card: Card, days: int) -> str:
-    hours = card.ledger_account.balance_micros / 1_000_000
+    hours = micros_to_hours(card.ledger_account.balance_micros)
     return (
         f"Your compute card #{card.id} with {hours:.2f} h left expires in under {days} "
         f"day{'s' if days > 1 else ''} ({card.expires_at:%Y-%m-%d %H:%M} UTC)."

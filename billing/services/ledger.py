@@ -1,5 +1,11 @@
 """The double-entry ledger: every balance change is one transfer with an idempotency key.
 
+Two ways in: the ORM one for a few transfers at a time (``transfer_post``; ``post_legs_locked`` for a
+caller that took the locks and checked the keys) and ``transfers_post_many`` for thousands at once
+(the metering tick). Given the same legs they write the same transfers, entries and balances and
+refuse the same way (``tests/billing/test_ledger_paths.py``). No other module writes
+``billing_transfer``, ``billing_entry`` or a cached balance.
+
 Locks: the two ledger accounts of a transfer are locked with ``select_for_update`` in id order, so
 concurrent transfers never deadlock. A replayed idempotency key returns the first transfer and moves
 nothing, also when the two attempts race (the key is checked again under the locks, and the unique
@@ -9,10 +15,12 @@ constraint catches the rest).
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import psycopg
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils.translation import gettext as _
 
 from billing.audit import audit_record
@@ -74,7 +82,8 @@ def overdraft_for(*, account: Account) -> LedgerAccount:
 
 @dataclass(frozen=True)
 class Leg:
-    """One transfer to post: ``amount_micros`` from ``debit_id`` to ``credit_id``."""
+    """One transfer to post: ``amount_micros`` from ``debit_id`` to ``credit_id``, once per
+    ``idempotency_key``."""
 
     debit_id: int
     credit_id: int
@@ -164,6 +173,112 @@ def post_legs_locked(*, legs: list[Leg], locked: dict[int, LedgerAccount], actor
         la.version += 1
     LedgerAccount.objects.bulk_update(list(touched.values()), ["balance_micros", "version"])
     return transfers
+
+
+def bulk_cursor() -> psycopg.Cursor:
+    """A cursor on the current connection and transaction with server-side parameter binding: Django's
+    default client-side binding quotes every element of a 10,000-long array parameter in Python."""
+    connection.ensure_connection()
+    return psycopg.Cursor(connection.connection)
+
+
+def transfers_post_many(*, legs: Sequence[Leg]) -> list[int]:
+    """Post ``legs`` in order with a few set-based statements; return the ids of the transfers written.
+
+    The same outcome as ``transfer_post`` on each leg in turn: a leg whose idempotency key is already in
+    the ledger, or earlier in ``legs``, posts nothing (a concurrent transaction that holds the key is
+    waited for); zero amounts are skipped; every other leg writes one transfer, its two entries with
+    running balances, and the cached balances (``version`` goes up once per account per call). Locks
+    every ledger account of ``legs`` in id order (``FOR UPDATE``; the caller may already hold them, as
+    the metering tick does). Raises ValidationFailed (a bad amount or key, an unknown account, a unit
+    mismatch, an overdraft paid back beyond zero) and InsufficientFunds (a wallet or card below zero);
+    then nothing of ``legs`` is written.
+    """
+    first: dict[str, Leg] = {}
+    for leg in legs:
+        if leg.amount_micros == 0:
+            continue
+        _check_amount(leg.amount_micros)
+        if not leg.idempotency_key:
+            raise ValidationFailed("A transfer needs an idempotency key.")
+        first.setdefault(leg.idempotency_key, leg)
+    if not first:
+        return []
+    todo = list(first.values())
+    # wrap_database_errors: the raw cursor's errors reach callers as Django's (IntegrityError, …)
+    with transaction.atomic(), connection.wrap_database_errors, bulk_cursor() as cursor:
+        cursor.execute(
+            "SELECT id, kind, unit, balance_micros FROM billing_ledgeraccount WHERE id = ANY(%s) "
+            "ORDER BY id FOR UPDATE",
+            [sorted({leg.debit_id for leg in todo} | {leg.credit_id for leg in todo})],
+        )
+        kind, unit, running = {}, {}, {}
+        for la_id, la_kind, la_unit, balance in cursor.fetchall():
+            kind[la_id], unit[la_id], running[la_id] = la_kind, la_unit, balance
+        for leg in todo:
+            if leg.debit_id not in unit or leg.credit_id not in unit:
+                raise ValidationFailed("A transfer names a ledger account that does not exist.")
+            if unit[leg.debit_id] != unit[leg.credit_id]:
+                raise ValidationFailed("The two sides of a transfer must be in the same unit.")
+        cursor.execute(
+            """
+            INSERT INTO billing_transfer (debit_id, credit_id, amount_micros, unit, kind, memo,
+                                          idempotency_key, meter_id)
+            SELECT d, c, a, u, k, memo, key, m
+            FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::text[], %s::text[], %s::text[],
+                        %s::text[], %s::bigint[]) WITH ORDINALITY AS v(d, c, a, u, k, memo, key, m, n)
+            ORDER BY n
+            ON CONFLICT (idempotency_key) DO NOTHING
+            RETURNING id, idempotency_key
+            """,
+            [
+                [leg.debit_id for leg in todo],
+                [leg.credit_id for leg in todo],
+                [leg.amount_micros for leg in todo],
+                [unit[leg.debit_id] for leg in todo],
+                [leg.kind for leg in todo],
+                [leg.memo[:200] for leg in todo],
+                [leg.idempotency_key for leg in todo],
+                [leg.meter_id for leg in todo],
+            ],
+        )
+        written = {key: transfer_id for transfer_id, key in cursor.fetchall()}
+        if not written:
+            return []
+        e_transfer, e_account, e_amount, e_after = [], [], [], []
+        touched: set[int] = set()
+        for leg in todo:
+            transfer_id = written.get(leg.idempotency_key)
+            if transfer_id is None:  # already in the ledger: posts nothing
+                continue
+            debit, credit, amount = leg.debit_id, leg.credit_id, leg.amount_micros
+            if kind[debit] in LedgerAccount.FLOOR_ZERO and running[debit] < amount:
+                raise InsufficientFunds(_("Not enough funds for this transfer."))
+            if kind[credit] in LedgerAccount.CEILING_ZERO and running[credit] + amount > 0:
+                raise ValidationFailed("An overdraft cannot be paid back beyond zero.")
+            for la_id, signed in ((debit, -amount), (credit, amount)):
+                running[la_id] += signed
+                e_transfer.append(transfer_id)
+                e_account.append(la_id)
+                e_amount.append(signed)
+                e_after.append(running[la_id])
+            touched |= {debit, credit}
+        cursor.execute(
+            """
+            INSERT INTO billing_entry (transfer_id, account_id, amount_micros, balance_after_micros)
+            SELECT * FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[])
+            """,
+            [e_transfer, e_account, e_amount, e_after],
+        )
+        ids = sorted(touched)
+        cursor.execute(
+            """
+            UPDATE billing_ledgeraccount la SET balance_micros = v.balance, version = la.version + 1
+            FROM unnest(%s::bigint[], %s::bigint[]) AS v(id, balance) WHERE la.id = v.id
+            """,
+            [ids, [running[la_id] for la_id in ids]],
+        )
+    return [written[leg.idempotency_key] for leg in todo if leg.idempotency_key in written]
 
 
 def transfer_post(

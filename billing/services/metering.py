@@ -3,10 +3,11 @@
 A meter bills whole seconds from ``started_at`` up to min(now, ``alive_until``) (the last time the
 agent confirmed the workload alive). The tick is set-based: one UPDATE accrues every open meter; the
 meters due for a posting (at most one per meter per ``BILLING_POSTING_INTERVAL_SECONDS``) are
-posted with a handful of bulk statements: cards burn first (cards restricted to the session's GPU
-model, then earliest expiry, then oldest), then the wallet, and any overshoot goes to the account's
-overdraft. Watermarks and postings commit in one transaction, and every posting's idempotency key
-is derived from the meter id and its watermark, so a worker killed halfway loses and repeats nothing.
+posted in bulk through ``ledger.transfers_post_many``: cards burn first (cards restricted to the
+session's GPU model, then earliest expiry, then oldest), then the wallet, and any overshoot goes to
+the account's overdraft. Watermarks and postings commit in one transaction, and every posting's
+idempotency key is derived from the meter id and its watermark, so a worker killed halfway loses
+and repeats nothing.
 
 Lock order: meters (id order, ``SKIP LOCKED`` in the tick, so it never waits on a meter), then ledger
 accounts (id order). One tick runs at a time (a transaction-scoped advisory lock).
@@ -17,7 +18,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-import psycopg
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Sum
@@ -26,7 +26,15 @@ from django.utils.translation import gettext as _
 from billing import signals
 from billing.models import CARD_UNIT, Account, LedgerAccount, Meter, Transfer
 from billing.selectors import account_funds
-from billing.services.ledger import money_unit, overdraft_for, system_account, wallet_for
+from billing.services.ledger import (
+    Leg,
+    bulk_cursor,
+    money_unit,
+    overdraft_for,
+    system_account,
+    transfers_post_many,
+    wallet_for,
+)
 from billing.services.pricing import PriceQuote
 from billing.services.reconcile import account_hold_check
 from core.clock import db_now
@@ -52,13 +60,6 @@ class TickResult:
     posted_meters: int
     transfers: int
     exhausted_session_refs: list[str]
-
-
-def _bulk_cursor() -> psycopg.Cursor:
-    """A cursor on the current connection and transaction with server-side parameter binding: Django's
-    default client-side binding quotes every element of a 10,000-long array parameter in Python."""
-    connection.ensure_connection()
-    return psycopg.Cursor(connection.connection)
 
 
 def _cost(rate_per_hour: int, seconds: int) -> int:
@@ -289,7 +290,7 @@ def metering_tick(*, now: datetime | None = None) -> TickResult:
     finds it taken returns at once), meters locked by a concurrent ``meter_close`` are left to the next
     tick. Sends ``runway_low`` and ``funds_exhausted`` after commit.
     """
-    with transaction.atomic(), _bulk_cursor() as cursor:
+    with transaction.atomic(), bulk_cursor() as cursor:
         cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [TICK_LOCK_KEY])
         if not cursor.fetchone()[0]:
             return TickResult(0, 0, 0, [])
@@ -326,7 +327,7 @@ def _post(meters: list[dict], *, now: datetime) -> int:
     revenue = system_account(kind=LedgerAccount.Kind.REVENUE, unit=unit)
     burned = system_account(kind=LedgerAccount.Kind.CARD_BURN, unit=CARD_UNIT)
     account_ids = sorted({m["account_id"] for m in meters})
-    with _bulk_cursor() as cursor:
+    with bulk_cursor() as cursor:
         cursor.execute(
             """
             SELECT la.id, la.kind, la.owner_id, la.balance_micros,
@@ -374,7 +375,7 @@ def _post(meters: list[dict], *, now: datetime) -> int:
                 balance[la_id] = held
                 (wallet if kind == "wallet" else overdraft)[owner_id] = la_id
 
-        legs: list[tuple] = []  # (debit, credit, amount, unit, kind, key, meter_id)
+        legs: list[Leg] = []
         meter_updates: list[tuple] = []
         for m in meters:
             debit_sources = _allocate(m, cards.get(m["account_id"], []), balance)
@@ -390,7 +391,14 @@ def _post(meters: list[dict], *, now: datetime) -> int:
                     balance[la_id] -= amount
                     balance[burned.id] += amount
                     legs.append(
-                        (la_id, burned.id, amount, CARD_UNIT, "card_burn", f"{base}:card:{la_id}", m["id"])
+                        Leg(
+                            debit_id=la_id,
+                            credit_id=burned.id,
+                            amount_micros=amount,
+                            kind=Transfer.Kind.CARD_BURN,
+                            idempotency_key=f"{base}:card:{la_id}",
+                            meter_id=m["id"],
+                        )
                     )
             wallet_s = wallet_s0 + (m["billed_seconds"] - m["posted_seconds"]) - (card_s - card_s0)
             price = m["price_micros_per_hour"]
@@ -404,7 +412,16 @@ def _post(meters: list[dict], *, now: datetime) -> int:
                 if amount:
                     balance[la_id] -= amount
                     balance[revenue.id] += amount
-                    legs.append((la_id, revenue.id, amount, unit, "usage", f"{base}:{source}", m["id"]))
+                    legs.append(
+                        Leg(
+                            debit_id=la_id,
+                            credit_id=revenue.id,
+                            amount_micros=amount,
+                            kind=Transfer.Kind.USAGE,
+                            idempotency_key=f"{base}:{source}",
+                            meter_id=m["id"],
+                        )
+                    )
             meter_updates.append(
                 (
                     m["id"],
@@ -415,8 +432,7 @@ def _post(meters: list[dict], *, now: datetime) -> int:
                     _cost(m["card_burn_micros_per_hour"], card_s),
                 )
             )
-        if legs:
-            _write_legs(cursor, legs)
+        transfers = transfers_post_many(legs=legs)
         cursor.execute(
             """
             UPDATE billing_meter m SET posted_seconds = v.posted, card_seconds = v.card_s,
@@ -430,7 +446,7 @@ def _post(meters: list[dict], *, now: datetime) -> int:
             """,
             [now, *_columns(meter_updates, meters)],
         )
-    return len(legs)
+    return len(transfers)
 
 
 def _columns(meter_updates: list[tuple], meters: list[dict]) -> list[list[int]]:
@@ -470,51 +486,6 @@ def _allocate(meter: dict, account_cards: list[tuple], balance: dict[int, int]) 
         card_s += seconds
         remaining -= seconds
     return taken
-
-
-def _write_legs(cursor, legs: list[tuple]) -> None:
-    debit, credit, amount, unit, kind, key, meter = (list(col) for col in zip(*legs, strict=True))
-    cursor.execute(
-        """
-        INSERT INTO billing_transfer (debit_id, credit_id, amount_micros, unit, kind, memo, idempotency_key,
-                                      meter_id)
-        SELECT d, c, a, u, k, '', key, m
-        FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::text[], %s::text[], %s::text[],
-                    %s::bigint[])
-             AS v(d, c, a, u, k, key, m)
-        RETURNING id, idempotency_key
-        """,
-        [debit, credit, amount, unit, kind, key, meter],
-    )
-    ids = {k: i for i, k in cursor.fetchall()}
-    # entries with running balances, in leg order per account
-    cursor.execute(
-        "SELECT id, balance_micros FROM billing_ledgeraccount WHERE id = ANY(%s)",
-        [sorted(set(debit) | set(credit))],
-    )
-    running = dict(cursor.fetchall())
-    e_transfer, e_account, e_amount, e_after = [], [], [], []
-    for d, c, a, _u, _k, k, _m in legs:
-        for la_id, signed in ((d, -a), (c, a)):
-            running[la_id] += signed
-            e_transfer.append(ids[k])
-            e_account.append(la_id)
-            e_amount.append(signed)
-            e_after.append(running[la_id])
-    cursor.execute(
-        """
-        INSERT INTO billing_entry (transfer_id, account_id, amount_micros, balance_after_micros)
-        SELECT * FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[])
-        """,
-        [e_transfer, e_account, e_amount, e_after],
-    )
-    cursor.execute(
-        """
-        UPDATE billing_ledgeraccount la SET balance_micros = v.balance, version = la.version + 1
-        FROM unnest(%s::bigint[], %s::bigint[]) AS v(id, balance) WHERE la.id = v.id
-        """,
-        [list(running), list(running.values())],
-    )
 
 
 def _signal_runway(cursor, now: datetime) -> list[str]:

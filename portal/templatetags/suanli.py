@@ -9,6 +9,8 @@ from django.conf import settings
 from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext as _
 
+from core.units import micros_to_hours
+
 register = template.Library()
 
 CURRENCY_SYMBOLS = {"CNY": "¥", "USD": "$", "EUR": "€", "GBP": "£", "JPY": "¥", "HKD": "HK$", "SGD": "S$"}
@@ -52,7 +54,7 @@ def card_hours(micros: int | None) -> str:
     """Card-hour micros → ``12.5 h`` (card hours of the reference GPU)."""
     if micros is None:
         return "—"
-    hours = (Decimal(int(micros)) / MICROS).quantize(Decimal("0.01"), rounding=ROUND_HALF_EVEN).normalize()
+    hours = micros_to_hours(int(micros)).quantize(Decimal("0.01"), rounding=ROUND_HALF_EVEN).normalize()
     return _("%(hours)s h") % {"hours": f"{hours:f}"}
 
 

@@ -16,10 +16,11 @@ from typing import Any
 import httpx
 import pytest
 
-from agents.api import AgentApi, make_server
+from agents.api import AgentApi
 from agents.gpuplan import GpuPlan, HostGpuTools, PlanError
 from agents.nvml import GpuReader, nvml_source
 from agents.runtimes import Runtime, RuntimeHandle, RuntimeOptions, RuntimeStartError, runtime_class
+from agents.server import make_server
 from agents.spec import WorkloadSpec, parse_spec
 from agents.workloads import WorkloadConflict, WorkloadRefused, Workloads, WorkloadStopping
 from tests.agents.conftest import CI_FLEET, NODE_TOKEN, workload_spec

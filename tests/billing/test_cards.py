@@ -27,9 +27,10 @@ from billing.services.cards import (
     card_remind,
     card_split,
 )
-from billing.services.ledger import system_account
+from billing.services.ledger import overdraft_for, system_account, wallet_for
 from billing.services.metering import meter_alive, meter_cost, meter_open, metering_tick
 from billing.services.pricing import price_quote
+from billing.services.topups import wallet_credit_promotion
 from core.clock import db_now
 from portal.services import user_create
 from tests.billing.conftest import A100, assert_ledger_invariants
@@ -341,27 +342,35 @@ def test_daily_grant_is_off_by_default_and_not_cumulative_when_on(settings):
 def test_metering_burns_restricted_cards_first_then_earliest_expiry_then_the_wallet(prices):
     user = _user("burner")
     account = user.account
+    wallet_credit_promotion(account=account, amount_micros=5_000_000, idempotency_key="burner-wallet")
     _, (later_any,) = card_batch_issue(hours_micros=HOUR, count=1, valid_days=20, one_per_user=False)
     _, (sooner_any,) = card_batch_issue(hours_micros=HOUR, count=1, valid_days=5, one_per_user=False)
     _, (a100_only,) = card_batch_issue(hours_micros=HOUR, count=1, valid_days=30, gpu_models=[A100])
     _, (t4_only,) = card_batch_issue(hours_micros=HOUR, count=1, valid_days=1, gpu_models=["T4"])
     cards = {n: card_redeem(user=user, account=account, code=c) for n, c in
              {"later": later_any, "sooner": sooner_any, "a100": a100_only, "t4": t4_only}.items()}  # fmt: skip
-    quote = price_quote(gpu_model=A100, profile="whole")  # burns 2 card-hours an hour
+    quote = price_quote(gpu_model=A100, profile="whole")  # 12.00 an hour, or 2 card-hours an hour
     start = db_now() - timedelta(hours=3)
     meter_open(
         account=account, session_ref="b1", gpu_model=A100, profile="whole", quote=quote, started_at=start
     )
+    wallet = wallet_for(account=account)
     left = {}
-    for minutes in (30, 60, 90):
-        meter_alive(session_refs=["b1"], alive_at=start + timedelta(minutes=minutes))
-        metering_tick(now=start + timedelta(minutes=minutes))
-        left[minutes] = {
+    # the last tick bills 40 min 1 s: 30 min on the last usable card, then 601 s from the wallet
+    for seconds in (30 * 60, 60 * 60, 100 * 60 + 1):
+        meter_alive(session_refs=["b1"], alive_at=start + timedelta(seconds=seconds))
+        metering_tick(now=start + timedelta(seconds=seconds))
+        left[seconds] = {
             n: LedgerAccount.objects.get(id=c.ledger_account_id).balance_micros for n, c in cards.items()
-        }
-    assert left[30] == {"a100": 0, "sooner": HOUR, "later": HOUR, "t4": HOUR}
-    assert left[60] == {"a100": 0, "sooner": 0, "later": HOUR, "t4": HOUR}
-    assert left[90] == {"a100": 0, "sooner": 0, "later": 0, "t4": HOUR}  # the T4 card never pays for an A100
+        } | {"wallet": LedgerAccount.objects.get(id=wallet.id).balance_micros}
+    from_wallet = 12_000_000 * 601 // 3600
+    assert from_wallet == 2_003_333
+    assert left[1800] == {"a100": 0, "sooner": HOUR, "later": HOUR, "t4": HOUR, "wallet": 5_000_000}
+    assert left[3600] == {"a100": 0, "sooner": 0, "later": HOUR, "t4": HOUR, "wallet": 5_000_000}
+    # the T4 card never pays for an A100
+    assert left[6001] == {"a100": 0, "sooner": 0, "later": 0, "t4": HOUR, "wallet": 5_000_000 - from_wallet}
     cost = meter_cost(session_ref="b1")
-    assert cost.card_micros == 3 * HOUR and cost.wallet_micros == 0
+    assert (cost.card_micros, cost.wallet_micros, cost.overdraft_micros) == (3 * HOUR, from_wallet, 0)
+    assert (cost.charged_micros, cost.accrued_micros, cost.billed_seconds) == (from_wallet, 0, 6001)
+    assert overdraft_for(account=account).balance_micros == 0
     assert_ledger_invariants()

@@ -5,6 +5,7 @@ import socket
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import httpx
@@ -14,8 +15,11 @@ from django.test import Client, override_settings
 
 from billing.models import TopUp, Transfer
 from billing.services.ledger import overdraft_for, wallet_for
+from billing.services.metering import meter_alive, meter_open, metering_tick
+from billing.services.pricing import price_quote
 from billing.services.topups import topup_create
-from tests.billing.conftest import make_account
+from core.clock import db_now
+from tests.billing.conftest import assert_ledger_invariants, make_account
 from tests.billing.test_concurrency import SECRET, _paid_event, _signed
 
 pytestmark = pytest.mark.django_db
@@ -28,10 +32,22 @@ def _post(body: bytes, header: str):
 
 
 @override_settings(STRIPE_WEBHOOK_SECRET=SECRET)
-def test_signed_webhook_credits_wallet_once_and_recovers_overdraft():
+def test_signed_webhook_credits_wallet_once_and_recovers_overdraft(prices):
     account = make_account()
-    od = overdraft_for(account=account)
-    od.balance_micros = 0
+    # a real overdraft: 1 h 0 min 1 s of a T4 (2.00 an hour) metered on an empty wallet
+    start = db_now() - timedelta(hours=2)
+    quote = price_quote(gpu_model="T4", profile="whole")
+    meter_open(
+        account=account, session_ref="od", gpu_model="T4", profile="whole", quote=quote, started_at=start
+    )
+    end = start + timedelta(seconds=3601)
+    meter_alive(session_refs=["od"], alive_at=end)
+    metering_tick(now=end)
+    owed = 2_000_000 * 3601 // 3600
+    assert owed == 2_000_555
+    assert overdraft_for(account=account).balance_micros == -owed
+    assert wallet_for(account=account).balance_micros == 0
+
     TopUp.objects.create(
         account=account, amount_micros=50_000_000, currency="CNY", checkout_session_id="cs_ok"
     )
@@ -40,8 +56,13 @@ def test_signed_webhook_credits_wallet_once_and_recovers_overdraft():
     assert _post(body, header).json()["outcome"] == "duplicate"
     second = _paid_event("cs_ok", 5000) | {"id": "evt_other"}
     assert _post(*_signed(second)).json()["outcome"] == "already credited"
-    assert wallet_for(account=account).balance_micros == 50_000_000
     assert TopUp.objects.get().state == "paid"
+    assert overdraft_for(account=account).balance_micros == 0
+    assert wallet_for(account=account).balance_micros == 50_000_000 - owed
+    (recovery,) = Transfer.objects.filter(kind=Transfer.Kind.OVERDRAFT_RECOVERY)
+    assert recovery.amount_micros == owed
+    assert (recovery.debit, recovery.credit) == (wallet_for(account=account), overdraft_for(account=account))
+    assert_ledger_invariants()
 
 
 @override_settings(STRIPE_WEBHOOK_SECRET=SECRET)

@@ -83,6 +83,7 @@ def test_a_users_gpu_share_is_capped_in_eighths(fleet):
     error = _refused(user, r"2/8 of at most 3/8 of a GPU in use; this needs 4/8 more", profile="1/2")
     assert error.code == "quota_gpu_share"
     launch(user, profile="1/8")  # exactly at the cap is fine
+    _refused(user, r"3/8 of at most 3/8 of a GPU in use; this needs 1/8 more", profile="1/8")
 
 
 def test_an_ended_session_frees_its_share_of_the_quota(fleet):

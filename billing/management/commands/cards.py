@@ -14,16 +14,19 @@ from django.utils.dateparse import parse_date, parse_datetime
 from billing.codes import codes_csv
 from billing.services.cards import card_batch_issue
 from core.errors import ApplicationError
+from core.units import hours_to_micros
 
 
 def _hours(text: str) -> int:
     try:
-        micros = Decimal(text) * 1_000_000
+        micros = hours_to_micros(Decimal(text))
     except InvalidOperation:
         raise CommandError(f"--hours: {text!r} is not a number")
-    if micros <= 0 or micros != micros.to_integral_value():
+    except ValueError:  # a fraction of a micro-hour, or not finite
+        micros = 0
+    if micros <= 0:
         raise CommandError("--hours must be positive, with at most six decimals")
-    return int(micros)
+    return micros
 
 
 def _until(text: str | None) -> datetime | None:
