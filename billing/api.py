@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from decimal import Decimal
 
+from django.db.models import Count, Q
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils.dateparse import parse_datetime
 from django.views.decorators.csrf import csrf_exempt
@@ -488,8 +489,6 @@ class CardBatchIssuedOut(serializers.Serializer):
 
 
 def _batches():
-    from django.db.models import Count, Q
-
     return CardBatch.objects.annotate(
         cards_count=Count("cards", filter=Q(cards__parent__isnull=True)),
         redeemed_count=Count("cards", filter=Q(cards__parent__isnull=True, cards__redeemed_at__isnull=False)),

@@ -4,8 +4,10 @@ keyed with SECRET_KEY, is ever stored."""
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import hmac
+import io
 import secrets
 
 from django.conf import settings
@@ -65,9 +67,6 @@ def code_hash(data: str) -> str:
 
 def codes_csv(*, batch, codes: list[str]) -> str:
     """The one-time export of a freshly issued batch: one row per code (the codes are not stored)."""
-    import csv
-    import io
-
     out = io.StringIO()
     writer = csv.writer(out)
     writer.writerow(["code", "hours", "label", "batch", "valid_days", "valid_until", "gpu_models"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 from datetime import timedelta
+from decimal import Decimal, InvalidOperation
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -21,11 +22,14 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from billing import selectors as billing_selectors
-from billing.models import Account, Entry, LedgerAccount, Transfer
+from billing.models import Account, Card, Entry, LedgerAccount, Transfer
+from billing.services import cards as card_services
 from core.errors import ApplicationError, ValidationFailed
 from core.units import hours_to_micros
-from portal.selectors import account_managed_by, accounts_payable_by
+from portal.selectors import account_managed_by, accounts_payable_by, team_list_for_user
+from portal.session_pages import running_sessions
 from portal.shortcuts import account_or_404
+from portal.templatetags.suanli import card_hours
 
 
 def daily_spend(*, account: Account, days: int = 30) -> list[tuple[str, int]]:
@@ -148,9 +152,6 @@ def funds_live(request: HttpRequest) -> HttpResponse:
 
 @login_required
 def dashboard(request: HttpRequest) -> HttpResponse:
-    from portal.selectors import team_list_for_user
-    from portal.session_pages import running_sessions
-
     account = account_or_404(request)
     context = _money_context(request, account) | {
         "teams": team_list_for_user(user=request.user),
@@ -162,8 +163,6 @@ def dashboard(request: HttpRequest) -> HttpResponse:
 
 
 def _hours_to_micros(text: str) -> int:
-    from decimal import Decimal, InvalidOperation
-
     try:
         hours = Decimal(text.strip())
     except (InvalidOperation, ValueError):
@@ -184,9 +183,6 @@ def _client_ip(request: HttpRequest) -> str:
 @login_required
 def cards(request: HttpRequest) -> HttpResponse:
     """Redeem, split, gift and revoke compute cards; every card with its lineage."""
-    from billing.models import Card
-    from billing.services import cards as card_services
-
     account = account_or_404(request)
     if request.method == "POST":
         action = request.POST.get("action")
@@ -248,6 +244,4 @@ def cards(request: HttpRequest) -> HttpResponse:
 
 
 def _format_hours(micros: int) -> str:
-    from portal.templatetags.suanli import card_hours
-
     return card_hours(micros)

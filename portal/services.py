@@ -18,6 +18,7 @@ from billing.audit import audit_record
 from billing.models import Account
 from billing.permissions import TEAM_ROLE_REQUIRED
 from core.errors import Conflict, Forbidden, NotFound, ValidationFailed
+from portal.auth import token_generate, token_hash
 from portal.models import AccessToken, Membership, Team, TeamInvite, User
 from provisioner import quotas
 from provisioner.models import Quota
@@ -329,8 +330,6 @@ def access_token_create(
     *, user: User, name: str, scopes: list[str], expires_in_days: int | None = 90
 ) -> tuple[AccessToken, str]:
     """A new personal access token; the raw token is returned once and only its hash is kept."""
-    from portal.auth import token_generate, token_hash
-
     name = name.strip()[:100]
     if not name:
         raise ValidationFailed(_("Give the token a name."), fields={"name": _("This field is required.")})

@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from billing.models import Price
 from billing.services.pricing import price_set
 from provisioner.management.commands.node import write_token_file
 from provisioner.models import Environment, GpuModel, Node, Profile
@@ -36,8 +37,6 @@ PROFILES += [("cpu", "cpu", 0, 0), ("1g.18gb", "mig", 8, 1)]
 
 
 def _current_price(gpu_model: str, profile: str) -> int | None:
-    from billing.models import Price
-
     price = (
         Price.objects.filter(gpu_model=gpu_model, profile=profile).order_by("-effective_from", "-id").first()
     )

@@ -234,6 +234,8 @@ def request_for(*, gpu_model, profile) -> Request:
 
 
 # --- the database half ---------------------------------------------------------------------------
+# Its Django imports are inside the functions so that the algorithm above imports without Django set up
+# (bench/placement.py runs it bare); no cycle hides behind them (import-linter counts them).
 
 
 def _eligible_devices(gpu_model, request: Request | None = None):

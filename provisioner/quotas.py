@@ -20,7 +20,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
 from billing.audit import audit_record
-from billing.models import Account
+from billing.models import Account, Meter
 from core.errors import QuotaExceeded, ValidationFailed
 from provisioner.models import Profile, Quota, Session
 
@@ -88,8 +88,6 @@ class Usage:
 def _usage(sessions, *, spend: bool = True) -> Usage:
     """Live sessions and eighths in one query; this month's spend (one more) unless ``spend`` is False,
     when ``spend_micros`` is 0 (admission skips it where no cap applies)."""
-    from billing.models import Meter
-
     live = sessions.filter(state__in=Session.LIVE).aggregate(
         count=Count("id"), eighths=Sum("profile__quota_eighths")
     )
@@ -121,8 +119,6 @@ def members_of_account(*, account: Account) -> dict[int, tuple[Limits, Usage]]:
     """For every user with sessions or a cap on a team ``account``: their cap inside it and their use of
     it (``limits_for_member`` and ``usage_of_member`` for all at once, in four queries however many
     members). Users missing from the answer have no cap and no use."""
-    from billing.models import Meter
-
     caps = {
         q.user_id: _overlay(_no_limits(), q)
         for q in Quota.objects.filter(account=account, user__isnull=False)

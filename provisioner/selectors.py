@@ -12,8 +12,11 @@ from django.db.models.functions import RowNumber
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
+from billing.models import Account
 from billing.rules import accounts_payable_by
+from billing.services.pricing import price_quote
 from core.errors import NotFound
+from provisioner import quotas
 from provisioner.models import (
     SLOTS_PER_GPU,
     AllocationSlot,
@@ -24,6 +27,7 @@ from provisioner.models import (
     Profile,
     Session,
 )
+from provisioner.placement import free_index, request_for
 from provisioner.sealing import unseal
 
 _USER_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
@@ -210,8 +214,6 @@ def slot_map(*, device: Device) -> list[str | None]:
 
 def availability() -> dict[tuple[str, str], int]:
     """For each (gpu model, profile): how many more sessions would fit right now (no locks)."""
-    from provisioner.placement import free_index, request_for
-
     found: dict[tuple[str, str], int] = {}
     profiles = {p.name: p for p in Profile.objects.all()}
     for model in GpuModel.objects.filter(enabled=True):
@@ -235,8 +237,6 @@ def _count_fits(index, request) -> int:
 
 def _price(*, gpu_model: str, profile: str) -> dict | None:
     """The catalog's price of a choice (from billing), or None when it has none."""
-    from billing.services.pricing import price_quote
-
     try:
         quote = price_quote(gpu_model=gpu_model, profile=profile)
     except NotFound:
@@ -296,8 +296,6 @@ def catalog() -> dict:
 def quota_usage(*, user) -> dict:
     """The user's own limits and what they use of them, and for each team they pay with, the team's and
     their member cap. For 'users can see their own quota'."""
-    from billing.models import Account
-    from provisioner import quotas
 
     def pack(limits, usage) -> dict:
         return {

@@ -10,6 +10,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext as _
 
 from core.units import micros_to_hours
+from provisioner.models import Session
 
 register = template.Library()
 
@@ -33,8 +34,6 @@ def money(micros: int | None, places: int = 2) -> str:
 @register.filter
 def state_label(state: str) -> str:
     """A session state's name in the user's language (``running`` → 运行中)."""
-    from provisioner.models import Session
-
     try:
         return str(Session.State(state).label)
     except ValueError:

@@ -13,8 +13,9 @@ from django.utils.translation import gettext_lazy
 from billing.audit import audit_record
 from core.errors import Conflict, NotFound, ValidationFailed
 from provisioner.messages import message
-from provisioner.models import Device, Node, Session
+from provisioner.models import Allocation, Device, Node, Session
 from provisioner.sealing import new_token, seal, token_hash, unseal
+from provisioner.services.sessions import session_stop
 
 
 @dataclass(frozen=True)
@@ -100,8 +101,6 @@ def node_set_state(*, node_id: int, action: str, actor=None, reason: str = "") -
     node keeps ``down`` and records the wanted state for when it comes back. Raises Conflict when the
     action does not apply, NotFound for an unknown node.
     """
-    from provisioner.services.sessions import session_stop
-
     if action not in _TARGET:
         raise ValidationFailed(_("Unknown action %(action)s.") % {"action": repr(action)})
     target = _TARGET[action]
@@ -136,8 +135,6 @@ def node_set_state(*, node_id: int, action: str, actor=None, reason: str = "") -
 def device_set_sharing_policy(*, device_id: int, sharing_policy: str, actor=None, reason: str = "") -> Device:
     """Set a physical GPU's sharing policy; refused while it holds allocations (the agent would refuse
     to mix policies on one GPU). Locks the device. Writes an audit row."""
-    from provisioner.models import Allocation
-
     if sharing_policy not in Device.Sharing.values:
         raise ValidationFailed(_("Unknown sharing policy."), fields={"sharing_policy": "unknown"})
     with transaction.atomic():
@@ -167,8 +164,6 @@ def device_set_sharing_policy(*, device_id: int, sharing_policy: str, actor=None
 def device_force_free(*, device_id: int, actor=None, reason: str = "") -> int:
     """Free the allocations of ended (lost, failed, stopped) sessions on a device, for an admin who knows
     the workloads are gone. Returns how many were freed; never touches a live session's slots."""
-    from provisioner.models import Allocation
-
     with transaction.atomic():
         freed = Allocation.objects.filter(device_id=device_id, session__state__in=Session.ENDED)
         ids = list(freed.values_list("session_id", flat=True))
