@@ -13,6 +13,8 @@ from datetime import UTC, datetime
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import DateTimeField, Value
+from django.db.models.functions import Greatest
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -351,7 +353,12 @@ def _record_workloads(node: Node, workloads: list[dict], now: datetime) -> None:
             if session.state == S.RUNNING:
                 util = status.get("gpu_util_percent")
                 kernel_busy = bool(status.get("last_activity")) and _recent(status["last_activity"], now)
-                fields = {"last_alive_at": now, "gpu_util_percent": _small(util)}
+                # Never backwards: the start poll may have marked it running (alive at the poll's later
+                # time) after this heartbeat took ``now`` and before it read the session here. A last
+                # alive time before it ran would leave a lost session's meter, which starts when it ran,
+                # billed past the session's last alive time.
+                alive_at = Greatest("last_alive_at", Value(now, output_field=DateTimeField()))
+                fields = {"last_alive_at": alive_at, "gpu_util_percent": _small(util)}
                 if upstream := status.get("upstream"):
                     fields["upstream"] = upstream
                 if (enforced := enforcement_clean(status.get("enforcement"))) is not None:

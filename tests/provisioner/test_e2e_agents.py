@@ -12,15 +12,18 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import httpx
 import pytest
+from django.db import transaction
 from django.test import Client
 
 from billing.models import Meter
 from billing.services.metering import metering_tick
 from conftest import subprocess_env
+from core.clock import db_now
 from portal.services import access_token_create
 from provisioner.models import Allocation, Device, Node, Session
 from provisioner.services.heartbeats import nodes_liveness_sweep
@@ -225,17 +228,28 @@ def test_a_killed_agent_loses_its_sessions_and_cleans_orphans_when_it_returns(
     assert [w["state"] for w in agents.workloads("node-a")] == ["running"]
 
     agents.kill("node-a")
-    killed_at = time.monotonic()
+    window = timedelta(seconds=settings.NODE_LIVENESS_SECONDS)
 
-    def lost():
-        nodes_liveness_sweep()
-        return Session.objects.get(id=doomed["id"]).state == "lost"
+    def swept_down() -> Node | None:
+        """node-a, swept down once it has been silent for the liveness window by the database clock and
+        node-b has beaten since node-a's last word. The sweeps run on the clock of that last word: at
+        the end of the window node-a is not down yet, just past it it is, and node-b, heard from later,
+        is not down however late its heartbeats come on a busy machine."""
+        with transaction.atomic():
+            # locked as a heartbeat locks it: one node-a sent before it died lands before this reads its
+            # last word or after the sweep, never between
+            last_heard = Node.objects.select_for_update().get(name="node-a").last_heartbeat_at
+            node_b_heard = Node.objects.get(name="node-b").last_heartbeat_at
+            if db_now() - last_heard <= window or node_b_heard <= last_heard:
+                return None
+            assert nodes_liveness_sweep(now=last_heard + window) == []
+            assert nodes_liveness_sweep(now=last_heard + window + timedelta(microseconds=1)) == ["node-a"]
+            return Node.objects.get(name="node-a")
 
-    wait_for(lost, 15, 0.25, "the session on the killed node to be lost")
-    assert time.monotonic() - killed_at <= settings.NODE_LIVENESS_SECONDS + 4
-    node_a = Node.objects.get(name="node-a")
+    node_a = wait_for(swept_down, 30, 0.25, "node-a silent for the liveness window")
     assert node_a.state == "down"
     session = Session.objects.get(id=doomed["id"])
+    assert session.state == "lost"
     assert "stopped answering" in session.reason
     meter = Meter.objects.get(session_ref=doomed["id"])
     assert meter.state == "closed"
@@ -244,8 +258,7 @@ def test_a_killed_agent_loses_its_sessions_and_cleans_orphans_when_it_returns(
     last_heard = max(node_a.last_heartbeat_at, session.running_at)
     assert meter.billed_until <= session.last_alive_at <= last_heard
     billed = meter.billed_seconds
-    time.sleep(1.5)
-    metering_tick()
+    metering_tick()  # on the database clock, more than the window past its last alive time
     assert Meter.objects.get(id=meter.id).billed_seconds == billed  # billed no further
     assert Allocation.objects.filter(session_id=doomed["id"]).exists()  # until the agent confirms it gone
     assert Session.objects.get(id=survivor["id"]).state == "running"  # node-b kept beating

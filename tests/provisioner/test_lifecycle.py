@@ -12,9 +12,11 @@ from django.utils import timezone
 from billing.models import Meter
 from billing.services.metering import metering_tick
 from provisioner.models import Allocation, Session, SessionEvent
+from provisioner.services.heartbeats import nodes_liveness_sweep
 from provisioner.services.sessions import (
     queue_dispatch,
     session_launch,
+    session_mark_running,
     session_stop,
     sessions_enforce_limits,
 )
@@ -63,6 +65,25 @@ def test_a_start_that_times_out_fails_and_frees_the_allocation(node, sent_tasks,
     assert not Allocation.objects.filter(session=session).exists()
     assert ("workload_delete_task", (node.id, str(session.id))) in sent_tasks
     assert not Meter.objects.filter(session_ref=str(session.id)).exists()  # never ran: never billed
+
+
+def test_a_heartbeat_timed_before_the_start_poll_does_not_move_the_last_alive_time_back(
+    node, sent_tasks, settings
+):
+    """A heartbeat takes its time when it locks the node; the start poll may mark the session running,
+    at the poll's later time, before that heartbeat reads the session and finds it running."""
+    session = launch()
+    polled_at = timezone.now() + timedelta(seconds=1)  # the poll's time, after the heartbeat's below
+    session_mark_running(session_id=session.id, upstream="http://127.0.0.1:45678", at=polled_at)
+    beat(node, [workload_status(session, "running")])
+    session.refresh_from_db()
+    assert session.last_alive_at == session.running_at == polled_at
+    # the node then dies: the session is lost, billed no further than its last alive time
+    assert nodes_liveness_sweep(now=polled_at + timedelta(seconds=settings.NODE_LIVENESS_SECONDS + 1))
+    session.refresh_from_db()
+    meter = Meter.objects.get(session_ref=str(session.id))
+    assert session.state == "lost" and meter.state == "closed"
+    assert meter.billed_until <= session.last_alive_at
 
 
 def test_the_limits_sweep_fails_starts_that_hang(node, sent_tasks, settings):
