@@ -77,7 +77,7 @@ class AgentApi:
     ) -> tuple[int, str, bytes]:
         """One call of the API, other than the gateway: its status, content type and body."""
         if path == "/metrics":  # Prometheus's text format: agents/prometheus.py
-            return prometheus.answer(self, method, authorization)
+            return prometheus.answer(self.workloads, method, authorised=self.authorised(authorization))
         try:
             if not self.authorised(authorization):
                 raise ApiError(

@@ -19,6 +19,7 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from agents.api import AgentApi
+from agents.runtimes import RuntimeHandle
 from agents.server import make_server
 
 NODE_TOKEN = "node-token-for-the-server-tests"
@@ -100,13 +101,15 @@ class _Workloads:
     """The part of agents.workloads.Workloads the API and gateway read, with one scripted workload."""
 
     def __init__(self, socket_path: str) -> None:
-        self.runtime = SimpleNamespace(jupyter_token=lambda state: None)
+        self.runtime = SimpleNamespace(jupyter_token=lambda handle: None)
         self.table = {
             "s1": SimpleNamespace(
                 live=True,
                 token=JUPYTER_TOKEN,
                 spec={"base_url": "/jupyter/s1/"},
-                runtime_state={"socket": socket_path, "upstream": f"unix:{socket_path}"},
+                handle=RuntimeHandle(
+                    base_url="/jupyter/s1/", upstream_url=f"unix:{socket_path}", socket_path=socket_path
+                ),
             )
         }
 
