@@ -241,6 +241,9 @@ def _django() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
     import django
 
+    from portal import embedded
+
+    embedded.ensure_wanted()
     django.setup()
     from django.core.management import call_command
 

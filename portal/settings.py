@@ -1,8 +1,10 @@
 """Settings for every process of Suanli. Production differs from development only by environment.
 
 Every value comes through ``portal.env.env``, which stops the process with one clear line on a bad value.
-With no DATABASE_URL and no REDIS_URL, the embedded PostgreSQL and Redis under ``.data/`` are started
-(once, shared by every process) and used.
+With no DATABASE_URL and no REDIS_URL, the embedded PostgreSQL and Redis under ``.data/`` are used: their
+URLs are computed here (socket paths under the data directory) and nothing is started by importing this
+module. The entry points start them (``portal.embedded.ensure_wanted``: ``manage.py``, ``make run``, the
+tests).
 """
 
 from __future__ import annotations
@@ -56,13 +58,8 @@ except ConfigError as exc:
 if not DEBUG and SECRET_KEY == DEFAULT_SECRET_KEY:
     _fail("SECRET_KEY is the development default; set SECRET_KEY to a long random value in production.")
 
-if not _database_url or not _redis_url:
-    try:
-        _embedded = embedded.ensure(postgres=not _database_url, redis=not _redis_url)
-    except embedded.EmbeddedServiceError as exc:
-        _fail(str(exc))
-    _database_url = _database_url or _embedded.database_url
-    _redis_url = _redis_url or _embedded.redis_url
+_database_url = _database_url or embedded.urls().database_url
+_redis_url = _redis_url or embedded.urls().redis_url
 
 
 def _database_from_url(url: str, *, pool_size: int = 0) -> dict:
