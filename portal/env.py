@@ -78,6 +78,18 @@ def env(name: str, default: T, parse: Callable[[str], T] | None = None, *, choic
     return value
 
 
+_RATE_PERIODS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def throttle_rate(raw: str) -> str:
+    """A DRF throttle rate, ``<count>/<period>`` with a period DRF reads by its first letter (s, min,
+    hour, day), checked here rather than on the first request that meets the throttle."""
+    count, _, period = raw.strip().partition("/")
+    if not count.isdigit() or int(count) < 1 or period[:1] not in _RATE_PERIODS:
+        raise ValueError("expected a rate such as 30/min: a positive count, /, then s, min, hour or day")
+    return raw.strip()
+
+
 database_url = _parse_url(("postgres", "postgresql"))
 redis_url = _parse_url(("redis", "rediss", "unix", "redis+socket"))
 sso_issuer_url = _parse_url(("https", "http"))

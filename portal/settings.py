@@ -17,7 +17,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from django.utils.translation import gettext_lazy as _
 
 from portal import embedded
-from portal.env import ConfigError, database_url, email_url, env, redis_url, sso_issuer_url
+from portal.env import ConfigError, database_url, email_url, env, redis_url, sso_issuer_url, throttle_rate
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DEFAULT_SECRET_KEY = "dev-insecure-change-me"  # production refuses to start with it
@@ -52,6 +52,7 @@ try:
     # users): it takes connections from a pool of this size instead (portal/asgi.py sets it). 0: one
     # persistent connection per thread (Celery workers, beat, manage.py, tests).
     DATABASE_POOL_SIZE = env("DATABASE_POOL_SIZE", 0)
+    DATABASE_CONN_MAX_AGE = env("DATABASE_CONN_MAX_AGE", 60)  # seconds; with no pool only
 except ConfigError as exc:
     _fail(str(exc))
 
@@ -62,7 +63,7 @@ _database_url = _database_url or embedded.urls().database_url
 _redis_url = _redis_url or embedded.urls().redis_url
 
 
-def _database_from_url(url: str, *, pool_size: int = 0) -> dict:
+def _database_from_url(url: str, *, pool_size: int = 0, conn_max_age: int = 60) -> dict:
     parts = urlsplit(url)
     query: dict = {key: values[-1] for key, values in parse_qs(parts.query).items()}
     host = query.pop("host", parts.hostname or "")
@@ -75,7 +76,7 @@ def _database_from_url(url: str, *, pool_size: int = 0) -> dict:
         "PASSWORD": unquote(parts.password or ""),
         "HOST": host,
         "PORT": str(parts.port or ""),
-        "CONN_MAX_AGE": 0 if pool_size > 0 else env("DATABASE_CONN_MAX_AGE", 60),
+        "CONN_MAX_AGE": 0 if pool_size > 0 else conn_max_age,
         "CONN_HEALTH_CHECKS": True,
         "OPTIONS": query,
         "TEST": {"NAME": f"test_{unquote(parts.path.lstrip('/')) or 'postgres'}"},
@@ -87,7 +88,11 @@ def celery_url(url: str) -> str:
     return "redis+socket://" + url.removeprefix("unix://") if url.startswith("unix://") else url
 
 
-DATABASES = {"default": _database_from_url(_database_url, pool_size=DATABASE_POOL_SIZE)}
+DATABASES = {
+    "default": _database_from_url(
+        _database_url, pool_size=DATABASE_POOL_SIZE, conn_max_age=DATABASE_CONN_MAX_AGE
+    )
+}
 REDIS_URL = _redis_url
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -239,34 +244,35 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_RESULT_EXPIRES = timedelta(hours=1)
+try:  # the beat schedule, in seconds
+    _beat_pulse = env("BEAT_PULSE_SECONDS", 10.0)
+    _card_expire = env("CARD_EXPIRE_SECONDS", 300.0)
+    _card_remind = env("CARD_REMIND_SECONDS", 3600.0)
+    _ledger_reconcile = env("LEDGER_RECONCILE_SECONDS", 600.0)
+    _liveness_sweep = env("NODE_LIVENESS_SWEEP_SECONDS", 5.0)
+    _queue_dispatch = env("QUEUE_DISPATCH_SECONDS", 10.0)
+    _session_limits_sweep = env("SESSION_LIMITS_SWEEP_SECONDS", 15.0)
+except ConfigError as exc:
+    _fail(str(exc))
 CELERY_BEAT_SCHEDULE = {
-    "beat-pulse": {"task": "portal.tasks.beat_pulse", "schedule": env("BEAT_PULSE_SECONDS", 10.0)},
+    "beat-pulse": {"task": "portal.tasks.beat_pulse", "schedule": _beat_pulse},
     # --- billing schedule (owned by billing) ---
     "billing-metering-tick": {"task": "billing.tasks.metering_tick_task", "schedule": METERING_TICK_SECONDS},
-    "billing-card-expire": {
-        "task": "billing.tasks.card_expire_task",
-        "schedule": env("CARD_EXPIRE_SECONDS", 300.0),
-    },
-    "billing-card-remind": {
-        "task": "billing.tasks.card_remind_task",
-        "schedule": env("CARD_REMIND_SECONDS", 3600.0),
-    },
+    "billing-card-expire": {"task": "billing.tasks.card_expire_task", "schedule": _card_expire},
+    "billing-card-remind": {"task": "billing.tasks.card_remind_task", "schedule": _card_remind},
     "billing-ledger-reconcile": {
         "task": "billing.tasks.ledger_reconcile_task",
-        "schedule": env("LEDGER_RECONCILE_SECONDS", 600.0),
+        "schedule": _ledger_reconcile,
     },
     # --- provisioner schedule (owned by provisioner) ---
-    "provisioner-liveness": {
-        "task": "provisioner.tasks.nodes_liveness_task",
-        "schedule": env("NODE_LIVENESS_SWEEP_SECONDS", 5.0),
-    },
+    "provisioner-liveness": {"task": "provisioner.tasks.nodes_liveness_task", "schedule": _liveness_sweep},
     "provisioner-queue-dispatch": {
         "task": "provisioner.tasks.queue_dispatch_task",
-        "schedule": env("QUEUE_DISPATCH_SECONDS", 10.0),
+        "schedule": _queue_dispatch,
     },
     "provisioner-session-limits": {
         "task": "provisioner.tasks.sessions_enforce_limits_task",
-        "schedule": env("SESSION_LIMITS_SWEEP_SECONDS", 15.0),
+        "schedule": _session_limits_sweep,
     },
 }
 
@@ -303,6 +309,12 @@ try:
 except ConfigError as exc:
     _fail(str(exc))
 
+try:  # DRF's rates: a number, a slash, and s, min, hour or day
+    _api_rate_per_user = env("API_RATE_PER_USER", "1200/min", throttle_rate)
+    _api_rate_per_token = env("API_RATE_PER_TOKEN", "600/min", throttle_rate)
+    _api_launch_rate_per_user = env("API_LAUNCH_RATE_PER_USER", "30/min", throttle_rate)
+except ConfigError as exc:
+    _fail(str(exc))
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "portal.auth.BearerTokenAuthentication",
@@ -318,10 +330,10 @@ REST_FRAMEWORK = {
         "portal.auth.LaunchRateThrottle",
     ],
     "DEFAULT_THROTTLE_RATES": {
-        "user": env("API_RATE_PER_USER", "1200/min"),
+        "user": _api_rate_per_user,
         "anon": "60/min",
-        "token": env("API_RATE_PER_TOKEN", "600/min"),
-        "launch": env("API_LAUNCH_RATE_PER_USER", "30/min"),
+        "token": _api_rate_per_token,
+        "launch": _api_launch_rate_per_user,
     },
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "portal.errors.api_exception_handler",
@@ -353,12 +365,15 @@ X_FRAME_OPTIONS = "SAMEORIGIN"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
 if not DEBUG:
-    SESSION_COOKIE_SECURE = env("SESSION_COOKIE_SECURE", True)
-    CSRF_COOKIE_SECURE = env("CSRF_COOKIE_SECURE", True)
-    SECURE_HSTS_SECONDS = env("SECURE_HSTS_SECONDS", 31536000)
+    try:
+        SESSION_COOKIE_SECURE = env("SESSION_COOKIE_SECURE", True)
+        CSRF_COOKIE_SECURE = env("CSRF_COOKIE_SECURE", True)
+        SECURE_HSTS_SECONDS = env("SECURE_HSTS_SECONDS", 31536000)
+        SECURE_SSL_REDIRECT = env("SECURE_SSL_REDIRECT", False)
+    except ConfigError as exc:
+        _fail(str(exc))
     SECURE_HSTS_INCLUDE_SUBDOMAINS = True
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
-    SECURE_SSL_REDIRECT = env("SECURE_SSL_REDIRECT", False)
 
 LOGGING = {
     "version": 1,
