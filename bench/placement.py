@@ -334,7 +334,7 @@ def database(*, launches: int, seed: int) -> None:
                 max_hours=1,
                 idle_minutes=None,
                 idempotency_key=None,
-            )
+            ).session
             calls.append((time.perf_counter() - started) * 1000)
             cpu.append((time.process_time() - cpu_started) * 1000)
         # The first locking read opens the transaction; the last statement (refresh_from_db) follows the

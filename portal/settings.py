@@ -17,7 +17,16 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from django.utils.translation import gettext_lazy as _
 
 from portal import embedded
-from portal.env import ConfigError, database_url, email_url, env, redis_url, sso_issuer_url, throttle_rate
+from portal.env import (
+    ConfigError,
+    database_url,
+    email_url,
+    env,
+    redis_url,
+    sso_issuer_url,
+    throttle_rate,
+    throttle_rate_parts,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DEFAULT_SECRET_KEY = "dev-insecure-change-me"  # production refuses to start with it
@@ -309,10 +318,11 @@ try:
 except ConfigError as exc:
     _fail(str(exc))
 
-try:  # DRF's rates: a number, a slash, and s, min, hour or day
+try:  # rates as DRF writes them: a number, a slash, and s, min, hour or day
     _api_rate_per_user = env("API_RATE_PER_USER", "1200/min", throttle_rate)
     _api_rate_per_token = env("API_RATE_PER_TOKEN", "600/min", throttle_rate)
-    _api_launch_rate_per_user = env("API_LAUNCH_RATE_PER_USER", "30/min", throttle_rate)
+    # (launches, window seconds) per user, for every launch: the API's and the pages' (session_launch)
+    SESSION_LAUNCH_RATE = env("API_LAUNCH_RATE_PER_USER", (30, 60), throttle_rate_parts)  # 30/min
 except ConfigError as exc:
     _fail(str(exc))
 REST_FRAMEWORK = {
@@ -327,13 +337,11 @@ REST_FRAMEWORK = {
     "DEFAULT_THROTTLE_CLASSES": [
         "rest_framework.throttling.UserRateThrottle",
         "portal.auth.TokenRateThrottle",
-        "portal.auth.LaunchRateThrottle",
     ],
     "DEFAULT_THROTTLE_RATES": {
         "user": _api_rate_per_user,
         "anon": "60/min",
         "token": _api_rate_per_token,
-        "launch": _api_launch_rate_per_user,
     },
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "portal.errors.api_exception_handler",
