@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import fcntl
 import os
+import signal
 import socket
 import subprocess
 import time
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -166,16 +167,33 @@ def ensure_wanted() -> bool:
     return postgres or redis
 
 
-def stop() -> None:
-    """Stop both embedded services (used by ``make stop`` and the tests of this module)."""
-    pid_file = _redis_dir() / "redis.pid"
-    if pid_file.exists():
-        with suppress(ProcessLookupError, ValueError):
-            os.kill(int(pid_file.read_text().strip()), 15)
-    if (_pg_dir() / "postmaster.pid").exists():
-        import pgserver
+def _signal_server(pid_file: Path, sig: signal.Signals) -> bool:
+    """Send ``sig`` to the server whose pid file this is, if it runs and is ours (its command line names
+    the data directory: a stale pid file may name an unrelated process by now). True when sent."""
+    try:
+        pid = int(pid_file.read_text().splitlines()[0].strip())
+        if str(data_dir()).encode() not in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return False
+        os.kill(pid, sig)
+    except (OSError, ValueError, IndexError):  # no pid file, no such process
+        return False
+    return True
 
-        pgserver.get_server(str(_pg_dir()), cleanup_mode="stop")._cleanup()
+
+def stop(*, wait_seconds: float = 30.0) -> None:
+    """Stop both embedded services and wait (up to ``wait_seconds``) until PostgreSQL has exited (used by
+    ``make stop``, the chaos stack and the tests of this module).
+
+    PostgreSQL gets a fast shutdown (SIGINT to the postmaster: clients are disconnected, the data is
+    written out). Not through pgserver's handles: it stops the server only when the caller holds the last
+    one, and the process that started it (``make run``'s, before it became honcho) is gone and still
+    listed, so ``make stop`` used to leave PostgreSQL running."""
+    _signal_server(_redis_dir() / "redis.pid", signal.SIGTERM)
+    postmaster = _pg_dir() / "postmaster.pid"
+    if _signal_server(postmaster, signal.SIGINT):
+        deadline = time.monotonic() + wait_seconds
+        while postmaster.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
 
 
 if __name__ == "__main__":
