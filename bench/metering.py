@@ -35,6 +35,9 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 
 import django  # noqa: E402
 
+from portal import embedded  # noqa: E402
+
+embedded.ensure_wanted()
 django.setup()
 
 from django.conf import settings  # noqa: E402

@@ -56,5 +56,18 @@ class QuotaExceeded(ApplicationError):
 
 
 class RateLimited(ApplicationError):
+    """``retry_after_seconds``, when known, goes out as the Retry-After header."""
+
     status = 429
     code = "rate_limited"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str | None = None,
+        fields: dict[str, str] | None = None,
+        retry_after_seconds: int | None = None,
+    ):
+        super().__init__(message, code=code, fields=fields)
+        self.retry_after_seconds = retry_after_seconds

@@ -1,5 +1,5 @@
 """API authentication with personal access tokens, the scopes a token needs per endpoint, and the rate
-limits of the API (per token, and on launching sessions)."""
+limits of the API (per token; launches are limited by ``session_launch`` itself, whoever calls it)."""
 
 from __future__ import annotations
 
@@ -141,18 +141,3 @@ class TokenRateThrottle(_SettingsRateThrottle):
         if not isinstance(request.auth, AccessToken):
             return None
         return self.cache_format % {"scope": self.scope, "ident": request.auth.pk}
-
-
-class LaunchRateThrottle(_SettingsRateThrottle):
-    """Session launches per user (rate ``launch``), on top of the quota: a runaway script cannot flood
-    the queue with launches that the quota then refuses one by one."""
-
-    scope = "launch"
-    launch_path = "/api/v1/sessions"
-
-    def get_cache_key(self, request, view) -> str | None:
-        if request.method != "POST" or request.path.rstrip("/") != self.launch_path:
-            return None
-        if not request.user or not request.user.is_authenticated:
-            return None
-        return self.cache_format % {"scope": self.scope, "ident": request.user.pk}

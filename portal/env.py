@@ -78,6 +78,24 @@ def env(name: str, default: T, parse: Callable[[str], T] | None = None, *, choic
     return value
 
 
+_RATE_PERIODS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def throttle_rate_parts(rate: str) -> tuple[int, int]:
+    """A throttle rate as DRF writes it, ``<count>/<period>`` with a period read by its first letter
+    (s, min, hour, day), as (count, period in seconds): ``30/min`` is (30, 60)."""
+    count, _, period = rate.strip().partition("/")
+    if not count.isdigit() or int(count) < 1 or period[:1] not in _RATE_PERIODS:
+        raise ValueError("expected a rate such as 30/min: a positive count, /, then s, min, hour or day")
+    return int(count), _RATE_PERIODS[period[:1]]
+
+
+def throttle_rate(raw: str) -> str:
+    """A throttle rate, checked here rather than on the first request that meets the throttle."""
+    throttle_rate_parts(raw)
+    return raw.strip()
+
+
 database_url = _parse_url(("postgres", "postgresql"))
 redis_url = _parse_url(("redis", "rediss", "unix", "redis+socket"))
 sso_issuer_url = _parse_url(("https", "http"))

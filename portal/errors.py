@@ -8,7 +8,7 @@ from rest_framework import exceptions as drf_exceptions
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
-from core.errors import ApplicationError
+from core.errors import ApplicationError, RateLimited
 
 # The errors any API call can answer, documented once for every operation (drf-spectacular hook below)
 # rather than on each view: what the exception handler makes of bad input, a missing or scoped-out
@@ -57,7 +57,10 @@ def _flatten(detail, prefix: str = "") -> dict[str, str]:
 
 def api_exception_handler(exc, context):
     if isinstance(exc, ApplicationError):
-        return Response(exc.as_body(), status=exc.status)
+        response = Response(exc.as_body(), status=exc.status)
+        if isinstance(exc, RateLimited) and exc.retry_after_seconds:
+            response["Retry-After"] = str(exc.retry_after_seconds)
+        return response
     if isinstance(exc, Http404):
         exc = drf_exceptions.NotFound()
     elif isinstance(exc, DjangoPermissionDenied):

@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.cookies import SimpleCookie
 from urllib.parse import urlsplit
@@ -340,6 +340,3 @@ def _same_origin(headers: dict[bytes, bytes]) -> bool:
         return True  # not a browser, or a same-origin GET; SameSite=Lax keeps cross-site cookies off
     host = headers.get(b"host", b"").decode("latin-1")
     return urlsplit(origin.decode("latin-1")).netloc == host
-
-
-ASGIApp = Callable[[dict, Callable, Callable], Awaitable[None]]

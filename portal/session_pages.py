@@ -125,7 +125,7 @@ def launch(request: HttpRequest) -> HttpResponse:
         try:
             max_hours = _number(choice["max_hours"], field=_("Longest duration"))
             idle = _number(choice["idle_minutes"], field=_("Idle stop"))
-            session = session_launch(
+            launched = session_launch(
                 user=request.user,
                 account=account,
                 gpu_model="" if choice["profile"] == "cpu" else choice["gpu_model"],
@@ -138,7 +138,7 @@ def launch(request: HttpRequest) -> HttpResponse:
         except ApplicationError as exc:
             messages.error(request, exc.message)
         else:
-            return redirect("session_detail", session_id=session.id)
+            return redirect("session_detail", session_id=launched.session.id)
     quote = None
     if choice["profile"]:
         quote = launch_quote(

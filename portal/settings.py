@@ -1,8 +1,10 @@
 """Settings for every process of Suanli. Production differs from development only by environment.
 
 Every value comes through ``portal.env.env``, which stops the process with one clear line on a bad value.
-With no DATABASE_URL and no REDIS_URL, the embedded PostgreSQL and Redis under ``.data/`` are started
-(once, shared by every process) and used.
+With no DATABASE_URL and no REDIS_URL, the embedded PostgreSQL and Redis under ``.data/`` are used: their
+URLs are computed here (socket paths under the data directory) and nothing is started by importing this
+module. The entry points start them (``portal.embedded.ensure_wanted``: ``manage.py``, ``make run``, the
+tests).
 """
 
 from __future__ import annotations
@@ -15,7 +17,16 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from django.utils.translation import gettext_lazy as _
 
 from portal import embedded
-from portal.env import ConfigError, database_url, email_url, env, redis_url, sso_issuer_url
+from portal.env import (
+    ConfigError,
+    database_url,
+    email_url,
+    env,
+    redis_url,
+    sso_issuer_url,
+    throttle_rate,
+    throttle_rate_parts,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DEFAULT_SECRET_KEY = "dev-insecure-change-me"  # production refuses to start with it
@@ -50,22 +61,18 @@ try:
     # users): it takes connections from a pool of this size instead (portal/asgi.py sets it). 0: one
     # persistent connection per thread (Celery workers, beat, manage.py, tests).
     DATABASE_POOL_SIZE = env("DATABASE_POOL_SIZE", 0)
+    DATABASE_CONN_MAX_AGE = env("DATABASE_CONN_MAX_AGE", 60)  # seconds; with no pool only
 except ConfigError as exc:
     _fail(str(exc))
 
 if not DEBUG and SECRET_KEY == DEFAULT_SECRET_KEY:
     _fail("SECRET_KEY is the development default; set SECRET_KEY to a long random value in production.")
 
-if not _database_url or not _redis_url:
-    try:
-        _embedded = embedded.ensure(postgres=not _database_url, redis=not _redis_url)
-    except embedded.EmbeddedServiceError as exc:
-        _fail(str(exc))
-    _database_url = _database_url or _embedded.database_url
-    _redis_url = _redis_url or _embedded.redis_url
+_database_url = _database_url or embedded.urls().database_url
+_redis_url = _redis_url or embedded.urls().redis_url
 
 
-def _database_from_url(url: str, *, pool_size: int = 0) -> dict:
+def _database_from_url(url: str, *, pool_size: int = 0, conn_max_age: int = 60) -> dict:
     parts = urlsplit(url)
     query: dict = {key: values[-1] for key, values in parse_qs(parts.query).items()}
     host = query.pop("host", parts.hostname or "")
@@ -78,7 +85,7 @@ def _database_from_url(url: str, *, pool_size: int = 0) -> dict:
         "PASSWORD": unquote(parts.password or ""),
         "HOST": host,
         "PORT": str(parts.port or ""),
-        "CONN_MAX_AGE": 0 if pool_size > 0 else env("DATABASE_CONN_MAX_AGE", 60),
+        "CONN_MAX_AGE": 0 if pool_size > 0 else conn_max_age,
         "CONN_HEALTH_CHECKS": True,
         "OPTIONS": query,
         "TEST": {"NAME": f"test_{unquote(parts.path.lstrip('/')) or 'postgres'}"},
@@ -90,7 +97,11 @@ def celery_url(url: str) -> str:
     return "redis+socket://" + url.removeprefix("unix://") if url.startswith("unix://") else url
 
 
-DATABASES = {"default": _database_from_url(_database_url, pool_size=DATABASE_POOL_SIZE)}
+DATABASES = {
+    "default": _database_from_url(
+        _database_url, pool_size=DATABASE_POOL_SIZE, conn_max_age=DATABASE_CONN_MAX_AGE
+    )
+}
 REDIS_URL = _redis_url
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -242,34 +253,35 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_RESULT_EXPIRES = timedelta(hours=1)
+try:  # the beat schedule, in seconds
+    _beat_pulse = env("BEAT_PULSE_SECONDS", 10.0)
+    _card_expire = env("CARD_EXPIRE_SECONDS", 300.0)
+    _card_remind = env("CARD_REMIND_SECONDS", 3600.0)
+    _ledger_reconcile = env("LEDGER_RECONCILE_SECONDS", 600.0)
+    _liveness_sweep = env("NODE_LIVENESS_SWEEP_SECONDS", 5.0)
+    _queue_dispatch = env("QUEUE_DISPATCH_SECONDS", 10.0)
+    _session_limits_sweep = env("SESSION_LIMITS_SWEEP_SECONDS", 15.0)
+except ConfigError as exc:
+    _fail(str(exc))
 CELERY_BEAT_SCHEDULE = {
-    "beat-pulse": {"task": "portal.tasks.beat_pulse", "schedule": env("BEAT_PULSE_SECONDS", 10.0)},
+    "beat-pulse": {"task": "portal.tasks.beat_pulse", "schedule": _beat_pulse},
     # --- billing schedule (owned by billing) ---
     "billing-metering-tick": {"task": "billing.tasks.metering_tick_task", "schedule": METERING_TICK_SECONDS},
-    "billing-card-expire": {
-        "task": "billing.tasks.card_expire_task",
-        "schedule": env("CARD_EXPIRE_SECONDS", 300.0),
-    },
-    "billing-card-remind": {
-        "task": "billing.tasks.card_remind_task",
-        "schedule": env("CARD_REMIND_SECONDS", 3600.0),
-    },
+    "billing-card-expire": {"task": "billing.tasks.card_expire_task", "schedule": _card_expire},
+    "billing-card-remind": {"task": "billing.tasks.card_remind_task", "schedule": _card_remind},
     "billing-ledger-reconcile": {
         "task": "billing.tasks.ledger_reconcile_task",
-        "schedule": env("LEDGER_RECONCILE_SECONDS", 600.0),
+        "schedule": _ledger_reconcile,
     },
     # --- provisioner schedule (owned by provisioner) ---
-    "provisioner-liveness": {
-        "task": "provisioner.tasks.nodes_liveness_task",
-        "schedule": env("NODE_LIVENESS_SWEEP_SECONDS", 5.0),
-    },
+    "provisioner-liveness": {"task": "provisioner.tasks.nodes_liveness_task", "schedule": _liveness_sweep},
     "provisioner-queue-dispatch": {
         "task": "provisioner.tasks.queue_dispatch_task",
-        "schedule": env("QUEUE_DISPATCH_SECONDS", 10.0),
+        "schedule": _queue_dispatch,
     },
     "provisioner-session-limits": {
         "task": "provisioner.tasks.sessions_enforce_limits_task",
-        "schedule": env("SESSION_LIMITS_SWEEP_SECONDS", 15.0),
+        "schedule": _session_limits_sweep,
     },
 }
 
@@ -306,6 +318,13 @@ try:
 except ConfigError as exc:
     _fail(str(exc))
 
+try:  # rates as DRF writes them: a number, a slash, and s, min, hour or day
+    _api_rate_per_user = env("API_RATE_PER_USER", "1200/min", throttle_rate)
+    _api_rate_per_token = env("API_RATE_PER_TOKEN", "600/min", throttle_rate)
+    # (launches, window seconds) per user, for every launch: the API's and the pages' (session_launch)
+    SESSION_LAUNCH_RATE = env("API_LAUNCH_RATE_PER_USER", (30, 60), throttle_rate_parts)  # 30/min
+except ConfigError as exc:
+    _fail(str(exc))
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "portal.auth.BearerTokenAuthentication",
@@ -318,13 +337,11 @@ REST_FRAMEWORK = {
     "DEFAULT_THROTTLE_CLASSES": [
         "rest_framework.throttling.UserRateThrottle",
         "portal.auth.TokenRateThrottle",
-        "portal.auth.LaunchRateThrottle",
     ],
     "DEFAULT_THROTTLE_RATES": {
-        "user": env("API_RATE_PER_USER", "1200/min"),
+        "user": _api_rate_per_user,
         "anon": "60/min",
-        "token": env("API_RATE_PER_TOKEN", "600/min"),
-        "launch": env("API_LAUNCH_RATE_PER_USER", "30/min"),
+        "token": _api_rate_per_token,
     },
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "portal.errors.api_exception_handler",
@@ -356,12 +373,15 @@ X_FRAME_OPTIONS = "SAMEORIGIN"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
 if not DEBUG:
-    SESSION_COOKIE_SECURE = env("SESSION_COOKIE_SECURE", True)
-    CSRF_COOKIE_SECURE = env("CSRF_COOKIE_SECURE", True)
-    SECURE_HSTS_SECONDS = env("SECURE_HSTS_SECONDS", 31536000)
+    try:
+        SESSION_COOKIE_SECURE = env("SESSION_COOKIE_SECURE", True)
+        CSRF_COOKIE_SECURE = env("CSRF_COOKIE_SECURE", True)
+        SECURE_HSTS_SECONDS = env("SECURE_HSTS_SECONDS", 31536000)
+        SECURE_SSL_REDIRECT = env("SECURE_SSL_REDIRECT", False)
+    except ConfigError as exc:
+        _fail(str(exc))
     SECURE_HSTS_INCLUDE_SUBDOMAINS = True
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
-    SECURE_SSL_REDIRECT = env("SECURE_SSL_REDIRECT", False)
 
 LOGGING = {
     "version": 1,

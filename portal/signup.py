@@ -8,12 +8,10 @@ Settings: ``SIGNUP_RATE_PER_HOUR``, ``SIGNUP_INVITE_REQUIRED``, ``SIGNUP_EMAIL_V
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 from django.conf import settings
 from django.core import signing
-from django.core.cache import cache
 from django.core.mail import send_mail
 from django.db import transaction
 from django.urls import reverse
@@ -23,29 +21,13 @@ from django.utils.translation import gettext as _
 from billing.models import Card
 from billing.services.cards import card_redeem
 from core.errors import ApplicationError, Conflict, NotFound, RateLimited, ValidationFailed
+from core.throttle import attempt_count
 from portal.models import User
 from portal.services import user_create
-
-log = logging.getLogger(__name__)
 
 VERIFY_SALT = "portal.signup.verify"
 RATE_WINDOW_SECONDS = 3600
 RESEND_PER_HOUR = 3  # confirmation emails resent to one user an hour
-
-
-def _attempt_count(key: str) -> int | None:
-    """Count one attempt under ``key`` in the cache, in a fixed window of an hour (add then incr, so
-    concurrent attempts all count); the count so far, or None when the cache cannot be reached."""
-    try:
-        cache.add(key, 0, timeout=RATE_WINDOW_SECONDS)
-        try:
-            return cache.incr(key)
-        except ValueError:  # the window expired between add and incr
-            cache.set(key, 1, timeout=RATE_WINDOW_SECONDS)
-            return 1
-    except Exception:  # any failure of the cache backend (redis-py's errors, a timeout): fail open
-        log.warning("sign-up throttle skipped: the cache is unreachable (%s)", key, exc_info=True)
-        return None
 
 
 def signup_rate_check(*, ip: str) -> None:
@@ -57,7 +39,7 @@ def signup_rate_check(*, ip: str) -> None:
     """
     if not ip:
         return
-    attempts = _attempt_count(f"signup:ip:{ip}")
+    attempts = attempt_count(f"signup:ip:{ip}", window_seconds=RATE_WINDOW_SECONDS)
     if attempts is not None and attempts > settings.SIGNUP_RATE_PER_HOUR:
         raise RateLimited(
             _("Too many sign-ups from your network. Try again in an hour."), code="signup_rate_limited"
@@ -169,7 +151,7 @@ def user_verification_resend(*, user_id: int, ip: str = "") -> User:
     if ip:
         limits[f"signup:resend:ip:{ip}"] = settings.SIGNUP_RATE_PER_HOUR
     for key, limit in limits.items():
-        attempts = _attempt_count(key)
+        attempts = attempt_count(key, window_seconds=RATE_WINDOW_SECONDS)
         if attempts is not None and attempts > limit:
             raise RateLimited(
                 _("We have sent several emails already. Wait an hour before asking for another."),

@@ -62,12 +62,11 @@ def main() -> None:
             f"port {port} on {host} is already in use; stop what uses it or run `PORT={port + 1} make run`."
         )
 
-    if not os.environ.get("DATABASE_URL") or not os.environ.get("REDIS_URL"):
+    # Started here, once, for every process below: they find the servers by their socket paths.
+    if any(embedded.wanted()):
         _say(f"starting the embedded PostgreSQL and Redis under {data} …")
         try:
-            embedded.ensure(
-                postgres=not os.environ.get("DATABASE_URL"), redis=not os.environ.get("REDIS_URL")
-            )
+            embedded.ensure_wanted()
         except embedded.EmbeddedServiceError as exc:
             _fail(str(exc))
 

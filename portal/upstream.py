@@ -128,24 +128,16 @@ class UpstreamPool:
         """Send one request and return once the response headers are in; the body streams after."""
         key = (host, port)
         method_bytes = method.encode("ascii")
-        head = [
-            method_bytes,
-            b" ",
-            target.encode("latin-1"),
-            b" HTTP/1.1\r\nhost: ",
-            f"{host}:{port}".encode(),
-            b"\r\n",
-        ]
-        for name, value in headers:
-            head += [name, b": ", value, b"\r\n"]
         chunked = body is not None and content_length is None
-        if chunked:
-            head.append(b"transfer-encoding: chunked\r\n")
-        elif content_length is not None:
-            head += [b"content-length: ", str(content_length).encode(), b"\r\n"]
-        head.append(b"\r\n")
-        request_head = b"".join(head)
-
+        request_head = _request_head(
+            method_bytes,
+            target,
+            host=host,
+            port=port,
+            headers=headers,
+            chunked=chunked,
+            content_length=content_length,
+        )
         # A kept-alive connection may have been closed by the upstream meanwhile: retry once on a new one,
         # but only when no body bytes were consumed (a body iterator cannot be replayed).
         for attempt in (0, 1):
@@ -153,23 +145,8 @@ class UpstreamPool:
             reused = bool(idle) and attempt == 0
             connection = idle.pop() if reused else await self._connect(host, port)
             try:
-                connection.writer.write(request_head)
-                if body is not None:
-                    async for chunk in body:
-                        if chunked:
-                            connection.writer.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
-                        else:
-                            connection.writer.write(chunk)
-                        await connection.writer.drain()
-                    if chunked:
-                        connection.writer.write(b"0\r\n\r\n")
-                await connection.writer.drain()
-                parser = _ResponseParser(method_bytes)
-                while not parser.headers_done:
-                    data = await connection.reader.read(65536)
-                    if not data:
-                        raise UpstreamError("the upstream closed the connection")
-                    parser.parser.feed_data(data)
+                await _request_send(connection, request_head, body, chunked=chunked)
+                parser = await _response_head_read(connection, method_bytes)
                 break
             except (OSError, UpstreamError, httptools.HttpParserError) as exc:
                 connection.close()
@@ -177,29 +154,32 @@ class UpstreamPool:
                     continue
                 raise UpstreamError(str(exc)) from exc
         status = parser.parser.get_status_code()
+        return UpstreamResponse(status, parser.headers, self._response_body(key, connection, parser))
 
-        async def stream() -> AsyncIterator[bytes]:
-            reusable = True
-            try:
-                while True:
-                    while parser.chunks:
-                        yield parser.chunks.popleft()
-                    if parser.complete:
-                        break
-                    data = await connection.reader.read(65536)
-                    if not data:  # a body that ends with the connection
-                        reusable = False
-                        break
-                    parser.parser.feed_data(data)
-            except BaseException:
-                connection.close()
-                raise
-            if reusable and parser.keep_alive:
-                self._release(key, connection)
-            else:
-                connection.close()
-
-        return UpstreamResponse(status, parser.headers, stream())
+    async def _response_body(
+        self, key: tuple[str, int], connection: _Connection, parser: _ResponseParser
+    ) -> AsyncIterator[bytes]:
+        """The rest of the response as it arrives. The connection goes back to the pool when the message
+        ended cleanly and the upstream keeps it alive; otherwise, or on any error, it is closed."""
+        reusable = True
+        try:
+            while True:
+                while parser.chunks:
+                    yield parser.chunks.popleft()
+                if parser.complete:
+                    break
+                data = await connection.reader.read(65536)
+                if not data:  # a body that ends with the connection
+                    reusable = False
+                    break
+                parser.parser.feed_data(data)
+        except BaseException:
+            connection.close()
+            raise
+        if reusable and parser.keep_alive:
+            self._release(key, connection)
+        else:
+            connection.close()
 
     def close(self) -> None:
         for connections in self._idle.values():
@@ -385,3 +365,58 @@ def _quick_acks(sock) -> Callable[[], None]:
             sock.setsockopt(socket.IPPROTO_TCP, option, 1)
 
     return ack_now
+
+
+def _request_head(
+    method: bytes,
+    target: str,
+    *,
+    host: str,
+    port: int,
+    headers: list[tuple[bytes, bytes]],
+    chunked: bool,
+    content_length: int | None,
+) -> bytes:
+    """The request line and headers, with the framing of the body: chunked, a length, or none."""
+    head = [
+        method,
+        b" ",
+        target.encode("latin-1"),
+        b" HTTP/1.1\r\nhost: ",
+        f"{host}:{port}".encode(),
+        b"\r\n",
+    ]
+    for name, value in headers:
+        head += [name, b": ", value, b"\r\n"]
+    if chunked:
+        head.append(b"transfer-encoding: chunked\r\n")
+    elif content_length is not None:
+        head += [b"content-length: ", str(content_length).encode(), b"\r\n"]
+    head.append(b"\r\n")
+    return b"".join(head)
+
+
+async def _request_send(
+    connection: _Connection, request_head: bytes, body: AsyncIterator[bytes] | None, *, chunked: bool
+) -> None:
+    """Write the head, then stream the body (chunk-framed when ``chunked``), waiting out back-pressure."""
+    writer = connection.writer
+    writer.write(request_head)
+    if body is not None:
+        async for chunk in body:
+            writer.write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk)
+            await writer.drain()
+        if chunked:
+            writer.write(b"0\r\n\r\n")
+    await writer.drain()
+
+
+async def _response_head_read(connection: _Connection, method: bytes) -> _ResponseParser:
+    """Read until the response's headers are parsed; body bytes read with them wait in the parser."""
+    parser = _ResponseParser(method)
+    while not parser.headers_done:
+        data = await connection.reader.read(65536)
+        if not data:
+            raise UpstreamError("the upstream closed the connection")
+        parser.parser.feed_data(data)
+    return parser

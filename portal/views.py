@@ -142,13 +142,6 @@ def signup_verify(request: HttpRequest, token: str) -> HttpResponse:
 
 
 @login_required
-def dashboard(request: HttpRequest) -> HttpResponse:
-    return render(
-        request, "portal/dashboard.html", {"teams": selectors.team_list_for_user(user=request.user)}
-    )
-
-
-@login_required
 def profile(request: HttpRequest) -> HttpResponse:
     user: User = request.user
     form = ProfileForm(

@@ -110,9 +110,7 @@ class SessionListView(APIView):
     def post(self, request: Request) -> Response:
         fields = _valid(io.LaunchIn, request.data)
         account = _paying_account(request, fields.get("account"))
-        key = request.headers.get("Idempotency-Key")
-        replay = bool(key) and Session.objects.filter(owner=request.user, idempotency_key=key).exists()
-        session = session_launch(
+        launched = session_launch(
             user=request.user,
             account=account,
             gpu_model=fields["gpu_model"],
@@ -120,10 +118,10 @@ class SessionListView(APIView):
             environment=fields["environment"],
             max_hours=fields.get("max_hours"),
             idle_minutes=fields.get("idle_minutes"),
-            idempotency_key=key,
+            idempotency_key=request.headers.get("Idempotency-Key"),
         )
-        session = _session_for(request, session.id)
-        return Response(session_detail_body(session), status=200 if replay else 201)
+        session = _session_for(request, launched.session.id)
+        return Response(session_detail_body(session), status=200 if launched.replayed else 201)
 
 
 def _paying_account(request: Request, account_id: int | None) -> Account:

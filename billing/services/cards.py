@@ -91,20 +91,13 @@ def card_batch_issue(
 ) -> tuple[CardBatch, list[str]]:
     """Issue ``count`` cards of ``hours_micros`` each, funded from the promotions account; returns the
     batch and the codes (shown once: only their keyed hashes are stored). One transaction."""
-    _hours_micros(hours_micros, "hours_micros")
-    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_BATCH:
-        raise ValidationFailed(
-            _("Issue between 1 and %(max)s cards at a time.") % {"max": MAX_BATCH},
-            fields={"count": "out of range"},
-        )
-    if valid_days is None and valid_until is None:
-        raise ValidationFailed(_("A batch needs a validity."), fields={"valid_days": "required"})
-    if valid_days is not None and (not isinstance(valid_days, int) or valid_days <= 0):
-        raise ValidationFailed(
-            _("valid_days must be a positive number of days."), fields={"valid_days": "invalid"}
-        )
-    if not isinstance(max_parts, int) or max_parts < 0 or max_parts > 50:
-        raise ValidationFailed(_("max_parts must be between 0 and 50."), fields={"max_parts": "invalid"})
+    _batch_terms_check(
+        hours_micros=hours_micros,
+        count=count,
+        valid_days=valid_days,
+        valid_until=valid_until,
+        max_parts=max_parts,
+    )
     models = sorted({m.strip() for m in (gpu_models or []) if m.strip()})
     source = system_account(kind=LedgerAccount.Kind.PROMOTIONS, unit=CARD_UNIT)
     with transaction.atomic():
@@ -119,45 +112,9 @@ def card_batch_issue(
             one_per_user=one_per_user,
             created_by=actor if getattr(actor, "pk", None) else None,
         )
-        ledgers = LedgerAccount.objects.bulk_create(
-            [LedgerAccount(kind=LedgerAccount.Kind.CARD, unit=CARD_UNIT) for _ in range(count)]
-        )
-        cards = Card.objects.bulk_create(
-            [
-                Card(
-                    ledger_account=la,
-                    batch=batch,
-                    hours_micros=hours_micros,
-                    gpu_models=models,
-                    max_parts=batch.max_parts,
-                    splittable=batch.splittable,
-                    expires_at=valid_until,
-                )
-                for la in ledgers
-            ]
-        )
-        locked = lock_accounts([source.id, *(la.id for la in ledgers)])
-        post_legs_locked(
-            legs=[
-                Leg(
-                    source.id,
-                    card.ledger_account_id,
-                    hours_micros,
-                    Transfer.Kind.CARD_ISSUE,
-                    f"card:{card.id}:issue",
-                )
-                for card in cards
-            ],
-            locked=locked,
-            actor=actor,
-        )
-        codes = []
-        rows = []
-        for card in cards:
-            code = code_generate()
-            codes.append(code)
-            rows.append(InviteCode(card=card, code_hash=code_hash(code_normalize(code))))
-        InviteCode.objects.bulk_create(rows)
+        cards = _batch_cards_create(batch, count=count)
+        _batch_cards_fund(cards, source=source, actor=actor)
+        codes = _batch_codes_create(cards)
         audit_record(
             actor=actor,
             action="cards.batch_issue",
@@ -166,6 +123,78 @@ def card_batch_issue(
             reason=label,
         )
     return batch, codes
+
+
+def _batch_terms_check(
+    *, hours_micros: int, count: int, valid_days: int | None, valid_until: datetime | None, max_parts: int
+) -> None:
+    """Raise ValidationFailed naming the field unless a batch's terms are ones it can be issued with."""
+    _hours_micros(hours_micros, "hours_micros")
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_BATCH:
+        raise ValidationFailed(
+            _("Issue between 1 and %(max)s cards at a time.") % {"max": MAX_BATCH},
+            fields={"count": "out of range"},
+        )
+    if valid_days is None and valid_until is None:
+        raise ValidationFailed(_("A batch needs a validity."), fields={"valid_days": "required"})
+    if valid_days is not None and (not isinstance(valid_days, int) or valid_days <= 0):
+        raise ValidationFailed(
+            _("valid_days must be a positive number of days."), fields={"valid_days": "invalid"}
+        )
+    if not isinstance(max_parts, int) or max_parts < 0 or max_parts > 50:
+        raise ValidationFailed(_("max_parts must be between 0 and 50."), fields={"max_parts": "invalid"})
+
+
+def _batch_cards_create(batch: CardBatch, *, count: int) -> list[Card]:
+    """``count`` empty cards of the batch, each on a CARD_H ledger account of its own."""
+    ledgers = LedgerAccount.objects.bulk_create(
+        [LedgerAccount(kind=LedgerAccount.Kind.CARD, unit=CARD_UNIT) for _ in range(count)]
+    )
+    return Card.objects.bulk_create(
+        [
+            Card(
+                ledger_account=la,
+                batch=batch,
+                hours_micros=batch.hours_micros,
+                gpu_models=batch.gpu_models,
+                max_parts=batch.max_parts,
+                splittable=batch.splittable,
+                expires_at=batch.valid_until,
+            )
+            for la in ledgers
+        ]
+    )
+
+
+def _batch_cards_fund(cards: list[Card], *, source: LedgerAccount, actor) -> None:
+    """Move each card's hours onto it from ``source`` (promotions), one CARD_ISSUE transfer a card,
+    with the ledger accounts locked in id order."""
+    locked = lock_accounts([source.id, *(card.ledger_account_id for card in cards)])
+    post_legs_locked(
+        legs=[
+            Leg(
+                source.id,
+                card.ledger_account_id,
+                card.hours_micros,
+                Transfer.Kind.CARD_ISSUE,
+                f"card:{card.id}:issue",
+            )
+            for card in cards
+        ],
+        locked=locked,
+        actor=actor,
+    )
+
+
+def _batch_codes_create(cards: list[Card]) -> list[str]:
+    """One invite code for each card; the codes in card order (only their hashes are stored)."""
+    codes = [code_generate() for _ in cards]
+    rows = [
+        InviteCode(card=card, code_hash=code_hash(code_normalize(code)))
+        for card, code in zip(cards, codes, strict=True)
+    ]
+    InviteCode.objects.bulk_create(rows)
+    return codes
 
 
 def _rate_limit(*, user, ip: str | None) -> None:

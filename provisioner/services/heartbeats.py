@@ -78,105 +78,128 @@ def enforcement_clean(value) -> dict | None:
 def heartbeat_validate(body) -> dict:
     """Check the shape of a heartbeat (docs/AGENT_PROTOCOL.md); raise ValidationFailed naming each field
     at fault. Unknown extra fields are tolerated (the agent may grow), wrong types are not."""
-    errors: dict[str, str] = {}
     if not isinstance(body, dict):
         raise ValidationFailed("The heartbeat must be a JSON object.", fields={"": "must be an object"})
+    errors: dict[str, str] = {}
     for key in ("agent_version", "runtime"):
         if key in body and not _str(body[key], required=False):
             errors[key] = "must be a string"
-    inventory = body.get("inventory")
-    if not isinstance(inventory, dict):
-        errors["inventory"] = "must be an object"
-    else:
-        gpus = inventory.get("gpus")
-        if not isinstance(gpus, list):
-            errors["inventory.gpus"] = "must be a list"
-        else:
-            seen: set[str] = set()
-            for i, gpu in enumerate(gpus):
-                where = f"inventory.gpus.{i}"
-                if not isinstance(gpu, dict):
-                    errors[where] = "must be an object"
-                    continue
-                if not _str(gpu.get("uuid")) or len(gpu["uuid"]) > 100:
-                    errors[f"{where}.uuid"] = "must be a non-empty string"
-                elif gpu["uuid"] in seen:
-                    errors[f"{where}.uuid"] = "listed twice"
-                else:
-                    seen.add(gpu["uuid"])
-                if not _is_int(gpu.get("index")) or not 0 <= gpu["index"] <= MAX_INDEX:
-                    errors[f"{where}.index"] = f"must be an integer in 0..{MAX_INDEX}"
-                if not _str(gpu.get("name")):
-                    errors[f"{where}.name"] = "must be a non-empty string"
-                if not _is_int(gpu.get("memory_total_mib")) or not 0 <= gpu["memory_total_mib"] <= MAX_MIB:
-                    errors[f"{where}.memory_total_mib"] = "must be an integer ≥ 0"
-                if "mig_mode" in gpu and not isinstance(gpu["mig_mode"], bool):
-                    errors[f"{where}.mig_mode"] = "must be a boolean"
-                if gpu.get("health", "ok") not in ("ok", "lost"):
-                    errors[f"{where}.health"] = "must be ok or lost"
-                migs = gpu.get("mig_devices", [])
-                if not isinstance(migs, list):
-                    errors[f"{where}.mig_devices"] = "must be a list"
-                    continue
-                for j, mig in enumerate(migs):
-                    mwhere = f"{where}.mig_devices.{j}"
-                    if not isinstance(mig, dict):
-                        errors[mwhere] = "must be an object"
-                        continue
-                    if not _str(mig.get("uuid")) or len(mig["uuid"]) > 100:
-                        errors[f"{mwhere}.uuid"] = "must be a non-empty string"
-                    elif mig["uuid"] in seen:
-                        errors[f"{mwhere}.uuid"] = "listed twice"
-                    else:
-                        seen.add(mig["uuid"])
-                    if not _str(mig.get("profile")):
-                        errors[f"{mwhere}.profile"] = "must be a non-empty string"
-                    mig_mib = mig.get("memory_total_mib", 0)
-                    if mig_mib is not None and (not _is_int(mig_mib) or not 0 <= mig_mib <= MAX_MIB):
-                        errors[f"{mwhere}.memory_total_mib"] = "must be an integer ≥ 0"
-    capabilities = body.get("capabilities", {})
-    policies = capabilities.get("sharing_policies", []) if isinstance(capabilities, dict) else None
-    if not isinstance(policies, list) or not all(isinstance(p, str) for p in policies):
-        errors["capabilities"] = "must be an object whose sharing_policies is a list of strings"
-    metrics = body.get("metrics", {"gpus": []})
-    if not isinstance(metrics, dict) or not isinstance(metrics.get("gpus", []), list):
-        errors["metrics"] = "must be an object with a list of gpus"
-    else:
-        for i, sample in enumerate(metrics.get("gpus", [])):
-            if not isinstance(sample, dict) or not _str(sample.get("uuid")):
-                errors[f"metrics.gpus.{i}"] = "must be an object with a uuid"
-                continue
-            for key in (
-                "gpu_util_percent",
-                "memory_util_percent",
-                "memory_used_mib",
-                "temperature_c",
-                "power_w",
-                "energy_mj",
-            ):
-                if not _num_or_none(sample.get(key)):
-                    errors[f"metrics.gpus.{i}.{key}"] = "must be a number or null"
-    workloads = body.get("workloads", [])
-    if not isinstance(workloads, list):
-        errors["workloads"] = "must be a list"
-    else:
-        for i, status in enumerate(workloads):
-            if not isinstance(status, dict) or not _str(status.get("session_id")):
-                errors[f"workloads.{i}"] = "must be an object with a session_id"
-                continue
-            if status.get("state") not in WORKLOAD_STATES:
-                errors[f"workloads.{i}.state"] = f"must be one of {', '.join(WORKLOAD_STATES)}"
-            for key in ("upstream", "exit_reason", "last_activity"):
-                if status.get(key) is not None and not isinstance(status[key], str):
-                    errors[f"workloads.{i}.{key}"] = "must be a string or null"
-            if not _num_or_none(status.get("gpu_util_percent")):
-                errors[f"workloads.{i}.gpu_util_percent"] = "must be a number or null"
+    errors |= _inventory_errors(body.get("inventory"))
+    errors |= _capabilities_errors(body.get("capabilities", {}))
+    errors |= _metrics_errors(body.get("metrics", {"gpus": []}))
+    errors |= _workloads_errors(body.get("workloads", []))
     if errors:
         raise ValidationFailed(
             "Malformed heartbeat: " + "; ".join(f"{k}: {v}" for k, v in list(errors.items())[:5]),
             fields=errors,
         )
     return body
+
+
+def _inventory_errors(inventory) -> dict[str, str]:
+    """The GPUs and their MIG devices; a UUID may appear once in the whole inventory."""
+    if not isinstance(inventory, dict):
+        return {"inventory": "must be an object"}
+    gpus = inventory.get("gpus")
+    if not isinstance(gpus, list):
+        return {"inventory.gpus": "must be a list"}
+    errors: dict[str, str] = {}
+    seen: set[str] = set()
+    for i, gpu in enumerate(gpus):
+        where = f"inventory.gpus.{i}"
+        if not isinstance(gpu, dict):
+            errors[where] = "must be an object"
+            continue
+        errors |= _uuid_errors(gpu, where, seen)
+        if not _is_int(gpu.get("index")) or not 0 <= gpu["index"] <= MAX_INDEX:
+            errors[f"{where}.index"] = f"must be an integer in 0..{MAX_INDEX}"
+        if not _str(gpu.get("name")):
+            errors[f"{where}.name"] = "must be a non-empty string"
+        if not _is_int(gpu.get("memory_total_mib")) or not 0 <= gpu["memory_total_mib"] <= MAX_MIB:
+            errors[f"{where}.memory_total_mib"] = "must be an integer ≥ 0"
+        if "mig_mode" in gpu and not isinstance(gpu["mig_mode"], bool):
+            errors[f"{where}.mig_mode"] = "must be a boolean"
+        if gpu.get("health", "ok") not in ("ok", "lost"):
+            errors[f"{where}.health"] = "must be ok or lost"
+        migs = gpu.get("mig_devices", [])
+        if not isinstance(migs, list):
+            errors[f"{where}.mig_devices"] = "must be a list"
+            continue
+        for j, mig in enumerate(migs):
+            errors |= _mig_device_errors(mig, f"{where}.mig_devices.{j}", seen)
+    return errors
+
+
+def _uuid_errors(device: dict, where: str, seen: set[str]) -> dict[str, str]:
+    """A device's UUID: a string of at most 100 characters, not in ``seen`` (which it joins)."""
+    device_uuid = device.get("uuid")
+    if not _str(device_uuid) or len(device_uuid) > 100:
+        return {f"{where}.uuid": "must be a non-empty string"}
+    if device_uuid in seen:
+        return {f"{where}.uuid": "listed twice"}
+    seen.add(device_uuid)
+    return {}
+
+
+def _mig_device_errors(mig, where: str, seen: set[str]) -> dict[str, str]:
+    if not isinstance(mig, dict):
+        return {where: "must be an object"}
+    errors = _uuid_errors(mig, where, seen)
+    if not _str(mig.get("profile")):
+        errors[f"{where}.profile"] = "must be a non-empty string"
+    mig_mib = mig.get("memory_total_mib", 0)
+    if mig_mib is not None and (not _is_int(mig_mib) or not 0 <= mig_mib <= MAX_MIB):
+        errors[f"{where}.memory_total_mib"] = "must be an integer ≥ 0"
+    return errors
+
+
+def _capabilities_errors(capabilities) -> dict[str, str]:
+    policies = capabilities.get("sharing_policies", []) if isinstance(capabilities, dict) else None
+    if not isinstance(policies, list) or not all(isinstance(p, str) for p in policies):
+        return {"capabilities": "must be an object whose sharing_policies is a list of strings"}
+    return {}
+
+
+SAMPLE_FIGURES = (
+    "gpu_util_percent",
+    "memory_util_percent",
+    "memory_used_mib",
+    "temperature_c",
+    "power_w",
+    "energy_mj",
+)
+
+
+def _metrics_errors(metrics) -> dict[str, str]:
+    if not isinstance(metrics, dict) or not isinstance(metrics.get("gpus", []), list):
+        return {"metrics": "must be an object with a list of gpus"}
+    errors: dict[str, str] = {}
+    for i, sample in enumerate(metrics.get("gpus", [])):
+        if not isinstance(sample, dict) or not _str(sample.get("uuid")):
+            errors[f"metrics.gpus.{i}"] = "must be an object with a uuid"
+            continue
+        for key in SAMPLE_FIGURES:
+            if not _num_or_none(sample.get(key)):
+                errors[f"metrics.gpus.{i}.{key}"] = "must be a number or null"
+    return errors
+
+
+def _workloads_errors(workloads) -> dict[str, str]:
+    if not isinstance(workloads, list):
+        return {"workloads": "must be a list"}
+    errors: dict[str, str] = {}
+    for i, status in enumerate(workloads):
+        if not isinstance(status, dict) or not _str(status.get("session_id")):
+            errors[f"workloads.{i}"] = "must be an object with a session_id"
+            continue
+        if status.get("state") not in WORKLOAD_STATES:
+            errors[f"workloads.{i}.state"] = f"must be one of {', '.join(WORKLOAD_STATES)}"
+        for key in ("upstream", "exit_reason", "last_activity"):
+            if status.get(key) is not None and not isinstance(status[key], str):
+                errors[f"workloads.{i}.{key}"] = "must be a string or null"
+        if not _num_or_none(status.get("gpu_util_percent")):
+            errors[f"workloads.{i}.gpu_util_percent"] = "must be a number or null"
+    return errors
 
 
 # --- recording ---------------------------------------------------------------------------------------
@@ -330,6 +353,8 @@ def _session_uuid(raw: str) -> uuid.UUID | None:
 
 
 def _record_workloads(node: Node, workloads: list[dict], now: datetime) -> None:
+    """Apply what the agent reports of each of its workloads to the session, then end what it no longer
+    runs. Reports of sessions not placed on this node are ignored (the agent stops them as orphans)."""
     from billing.services.metering import meter_alive
 
     reported = {sid: w for w in workloads if (sid := _session_uuid(w["session_id"])) is not None}
@@ -347,69 +372,88 @@ def _record_workloads(node: Node, workloads: list[dict], now: datetime) -> None:
             continue  # not ours: the agent stops it as an orphan (it is not desired)
         state = status["state"]
         if state == "running":
-            if session.state in (S.PLACING, S.STARTING):
-                lifecycle.session_mark_running(session_id=sid, upstream=status.get("upstream") or "", at=now)
-                session.state = S.RUNNING
-            if session.state == S.RUNNING:
-                util = status.get("gpu_util_percent")
-                kernel_busy = bool(status.get("last_activity")) and _recent(status["last_activity"], now)
-                # Never backwards: the start poll may have marked it running (alive at the poll's later
-                # time) after this heartbeat took ``now`` and before it read the session here. A last
-                # alive time before it ran would leave a lost session's meter, which starts when it ran,
-                # billed past the session's last alive time.
-                alive_at = Greatest("last_alive_at", Value(now, output_field=DateTimeField()))
-                fields = {"last_alive_at": alive_at, "gpu_util_percent": _small(util)}
-                if upstream := status.get("upstream"):
-                    fields["upstream"] = upstream
-                if (enforced := enforcement_clean(status.get("enforcement"))) is not None:
-                    fields["enforcement"] = enforced
-                # The meter follows the session: a stop that lands between our read and this update
-                # leaves both at the last time the session was seen alive while running.
-                if not Session.objects.filter(id=sid, state=S.RUNNING).update(**fields):
-                    continue
+            seen_alive, seen_active = _workload_running(session, status, now)
+            if seen_alive:
                 alive.append(str(sid))
-                if kernel_busy or (util is not None and util >= settings.SESSION_IDLE_GPU_PERCENT):
-                    active.append(sid)
+            if seen_active:
+                active.append(sid)
         elif state == "starting":
             if session.state == S.PLACING:
                 lifecycle.session_mark_starting(session_id=sid)
         elif state in ("exited", "failed"):
-            why = status.get("exit_reason") or (
-                message("jupyter_exited_plain") if state == "exited" else message("workload_failed")
-            )
-            if session.state == S.RUNNING and state == "exited":
-                lifecycle.session_end(
-                    session_id=sid,
-                    to=S.STOPPED,
-                    reason=message("jupyter_exited", why=why),
-                    from_states=[S.RUNNING],
-                    ended_at=now,
-                )
-            elif session.state in Session.ON_NODE:
-                lifecycle.session_end(
-                    session_id=sid,
-                    to=S.FAILED,
-                    reason=message("failed_on", node=node.name, why=why),
-                    from_states=list(Session.ON_NODE),
-                    ended_at=now,
-                )
-            elif session.state == S.STOPPING:
-                lifecycle.session_end(
-                    session_id=sid,
-                    to=S.STOPPED,
-                    reason=message("stopped"),
-                    from_states=[S.STOPPING],
-                    ended_at=now,
-                )
+            _workload_ended(node, session, status, now)
     if alive:
         meter_alive(session_refs=alive, alive_at=now)
     if active:
         Session.objects.filter(id__in=active).update(last_active_at=now, idle_warned_at=None)
-    # Whatever the agent no longer runs: stopping → stopped; ended sessions give their slots back.
-    not_running = set(reported) - {
-        sid for sid, w in reported.items() if w["state"] in ("starting", "running")
-    }
-    listed_live = set(reported) - not_running
+    listed_live = {sid for sid, w in reported.items() if w["state"] in ("starting", "running")}
+    _unlisted_sessions_end(node, listed_live=listed_live, now=now)
+
+
+def _workload_running(session: Session, status: dict, now: datetime) -> tuple[bool, bool]:
+    """A workload the agent reports running: a placing or starting session becomes running; a running
+    one records that it is alive, its GPU use and what the agent enforces. Returns (alive, active):
+    whether the session was running when recorded (its meter follows), and whether its kernel or GPU
+    was busy (its idle clock restarts)."""
+    if session.state in (S.PLACING, S.STARTING):
+        lifecycle.session_mark_running(session_id=session.id, upstream=status.get("upstream") or "", at=now)
+        session.state = S.RUNNING
+    if session.state != S.RUNNING:
+        return False, False
+    util = status.get("gpu_util_percent")
+    kernel_busy = bool(status.get("last_activity")) and _recent(status["last_activity"], now)
+    # Never backwards: the start poll may have marked it running (alive at the poll's later
+    # time) after this heartbeat took ``now`` and before it read the session here. A last
+    # alive time before it ran would leave a lost session's meter, which starts when it ran,
+    # billed past the session's last alive time.
+    alive_at = Greatest("last_alive_at", Value(now, output_field=DateTimeField()))
+    fields = {"last_alive_at": alive_at, "gpu_util_percent": _small(util)}
+    if upstream := status.get("upstream"):
+        fields["upstream"] = upstream
+    if (enforced := enforcement_clean(status.get("enforcement"))) is not None:
+        fields["enforcement"] = enforced
+    # The meter follows the session: a stop that lands between our read and this update
+    # leaves both at the last time the session was seen alive while running.
+    if not Session.objects.filter(id=session.id, state=S.RUNNING).update(**fields):
+        return False, False
+    return True, kernel_busy or (util is not None and util >= settings.SESSION_IDLE_GPU_PERCENT)
+
+
+def _workload_ended(node: Node, session: Session, status: dict, now: datetime) -> None:
+    """A workload the agent reports exited or failed: a running session whose Jupyter exited is
+    stopped, any other on the node failed, and a stopping one stopped."""
+    state = status["state"]
+    why = status.get("exit_reason") or (
+        message("jupyter_exited_plain") if state == "exited" else message("workload_failed")
+    )
+    if session.state == S.RUNNING and state == "exited":
+        lifecycle.session_end(
+            session_id=session.id,
+            to=S.STOPPED,
+            reason=message("jupyter_exited", why=why),
+            from_states=[S.RUNNING],
+            ended_at=now,
+        )
+    elif session.state in Session.ON_NODE:
+        lifecycle.session_end(
+            session_id=session.id,
+            to=S.FAILED,
+            reason=message("failed_on", node=node.name, why=why),
+            from_states=list(Session.ON_NODE),
+            ended_at=now,
+        )
+    elif session.state == S.STOPPING:
+        lifecycle.session_end(
+            session_id=session.id,
+            to=S.STOPPED,
+            reason=message("stopped"),
+            from_states=[S.STOPPING],
+            ended_at=now,
+        )
+
+
+def _unlisted_sessions_end(node: Node, *, listed_live: set[uuid.UUID], now: datetime) -> None:
+    """Whatever the agent no longer runs: stopping → stopped; ended sessions give their slots back."""
     for sid in (
         Session.objects.filter(node=node, state=S.STOPPING)
         .exclude(id__in=listed_live)

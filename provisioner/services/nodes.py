@@ -6,7 +6,6 @@ import hmac
 from dataclasses import dataclass
 
 from django.db import transaction
-from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
@@ -179,7 +178,3 @@ def device_force_free(*, device_id: int, actor=None, reason: str = "") -> int:
                 reason=reason,
             )
     return len(ids) if count else 0
-
-
-def node_mark_seen(*, node: Node) -> None:
-    Node.objects.filter(id=node.id).update(last_heartbeat_at=timezone.now())

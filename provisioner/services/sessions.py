@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import uuid
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -29,7 +30,9 @@ from django.utils.translation import gettext as _
 from billing.models import Account
 from billing.rules import accounts_payable_by
 from billing.services.ledger import idempotency_key_check
-from core.errors import ApplicationError, NotFound, ValidationFailed
+from billing.services.pricing import PriceQuote, price_quote
+from core.errors import ApplicationError, NotFound, RateLimited, ValidationFailed
+from core.throttle import attempt_count
 from provisioner import enqueue
 from provisioner.messages import Message, message, message_columns
 from provisioner.models import Environment, GpuModel, Node, Profile, Session, SessionEvent
@@ -145,6 +148,32 @@ def _seconds(value, *, field: str, default: float, unit: int) -> int:
     return max(1, int(value * unit))
 
 
+@dataclass(frozen=True)
+class Launched:
+    """What ``session_launch`` did: the session, and whether it was there already (a replay of the same
+    idempotency key) rather than launched by this call."""
+
+    session: Session
+    replayed: bool
+
+
+@dataclass(frozen=True)
+class _LaunchSpec:
+    """A launch checked against the catalog, the payer and the limits, and priced; read before the
+    admission transaction so that the locks are held for the writes only."""
+
+    model: GpuModel | None  # None: a CPU session
+    profile: Profile
+    environment: Environment
+    max_seconds: int
+    idle_seconds: int
+    quote: PriceQuote
+
+    @property
+    def model_name(self) -> str:
+        return self.model.name if self.model else ""
+
+
 def session_launch(
     *,
     user,
@@ -156,25 +185,94 @@ def session_launch(
     idle_minutes: int | None,
     idempotency_key: str | None,
     priority: int = 0,
-) -> Session:
+) -> Launched:
     """Admit and place one session, or queue it when nothing fits right now.
 
-    One transaction: lock the paying Account row, then the user row (so one user's and one account's
-    concurrent launches are admitted one at a time), check quotas and funds, create the session and
-    place it (see ``allocation_place`` for the device locks). The start task is queued after commit.
+    Every launch counts against the user's launch rate (``SESSION_LAUNCH_RATE``; replays too), whoever
+    calls: the API, the pages. One transaction: lock the paying Account row, then the user row (so one
+    user's and one account's concurrent launches are admitted one at a time), check quotas and funds,
+    create the session and place it (see ``allocation_place`` for the device locks). The start task is
+    queued after commit.
 
-    Idempotent by ``idempotency_key`` per user: the same key returns the same session.
+    Idempotent by ``idempotency_key`` per user: the same key returns the same session, ``replayed``,
+    found by the one lookup made under the locks (so two concurrent launches with one key make one).
     Raises ValidationFailed (unknown or unoffered model/profile/environment, bad limits, unpriced),
-    NotFound (an account the user may not pay with), QuotaExceeded, InsufficientFunds.
+    NotFound (an account the user may not pay with), RateLimited ``throttled``, QuotaExceeded,
+    InsufficientFunds.
     """
     from billing.services.metering import account_can_launch
-    from billing.services.pricing import price_quote
 
     idempotency_key_check(idempotency_key)
-    if idempotency_key:
-        existing = Session.objects.filter(owner=user, idempotency_key=idempotency_key).first()
-        if existing is not None:
-            return existing
+    _launch_throttle(user=user)
+    spec = _launch_spec(
+        user=user,
+        account=account,
+        gpu_model=gpu_model,
+        profile=profile,
+        environment=environment,
+        max_hours=max_hours,
+        idle_minutes=idle_minutes,
+    )
+    subjects = quota_subjects(user=user, account=account)
+    candidates = free_index(gpu_model=spec.model) if spec.model is not None else None
+    session_id = uuid.uuid4()
+    with transaction.atomic():
+        _admission_lock(account_id=account.id, user_id=user.pk)
+        if idempotency_key:
+            existing = Session.objects.filter(owner=user, idempotency_key=idempotency_key).first()
+            if existing is not None:
+                return Launched(existing, replayed=True)
+        quota_admit(
+            user=user,
+            account=account,
+            gpu_model=spec.model_name,
+            profile=spec.profile,
+            max_seconds=spec.max_seconds,
+            subjects=subjects,
+        )
+        account_can_launch(account=account, quote=spec.quote, gpu_model=spec.model_name)
+        # Placed before the session row is written (its foreign keys are checked at commit), so a
+        # launch that finds room writes the session once, already placing.
+        placed = _placement(session_id, model=spec.model, profile=spec.profile, candidates=candidates)
+        session = _launched_session_create(
+            session_id,
+            spec=spec,
+            user=user,
+            account=account,
+            idempotency_key=idempotency_key,
+            priority=priority,
+            placed=placed,
+        )
+        if placed:
+            enqueue.session_start(session.id)
+    return Launched(session, replayed=False)
+
+
+def _launch_throttle(*, user) -> None:
+    """Count one launch by ``user``; past ``SESSION_LAUNCH_RATE`` (launches, window seconds) raise
+    RateLimited ``throttled``: a runaway script or a stuck button cannot flood the queue with launches
+    that the quota then refuses one by one. Fails open, logged, when the cache is down."""
+    launches, window_seconds = settings.SESSION_LAUNCH_RATE
+    count = attempt_count(f"launch:user:{user.pk}", window_seconds=window_seconds)
+    if count is not None and count > launches:
+        raise RateLimited(
+            _("Too many attempts; wait a minute and try again."),
+            code="throttled",
+            retry_after_seconds=window_seconds,
+        )
+
+
+def _launch_spec(
+    *,
+    user,
+    account: Account,
+    gpu_model: str,
+    profile: str,
+    environment: str,
+    max_hours: float | None,
+    idle_minutes: int | None,
+) -> _LaunchSpec:
+    """Check a launch's choices, its payer and its limits, and price it. Reads only."""
     model, profile_obj, env = _catalog(gpu_model=gpu_model, profile=profile, environment=environment)
     if account.id not in {a.id for a in accounts_payable_by(user=user)}:
         raise NotFound(_("No such account."), fields={"account": "not one you may pay with"})
@@ -193,79 +291,65 @@ def session_launch(
             % {"gpu_model": model_name or "cpu", "profile": profile},
             code="unpriced",
         )
+    return _LaunchSpec(model, profile_obj, env, max_seconds, idle_seconds, quote)
 
-    subjects = quota_subjects(user=user, account=account)
-    candidates = free_index(gpu_model=model) if model is not None else None
-    session_id = uuid.uuid4()
-    with transaction.atomic():
-        _admission_lock(account_id=account.id, user_id=user.pk)
-        if idempotency_key:
-            existing = Session.objects.filter(owner=user, idempotency_key=idempotency_key).first()
-            if existing is not None:
-                return existing
-        quota_admit(
-            user=user,
-            account=account,
-            gpu_model=model_name,
-            profile=profile_obj,
-            max_seconds=max_seconds,
-            subjects=subjects,
+
+def _launched_session_create(
+    session_id,
+    *,
+    spec: _LaunchSpec,
+    user,
+    account: Account,
+    idempotency_key: str | None,
+    priority: int,
+    placed: dict | None,
+) -> Session:
+    """Write an admitted session, placing or queued as ``placed`` says, with its first events; inside
+    the launch's transaction."""
+    now = timezone.now()
+    session = Session.objects.create(
+        id=session_id,
+        owner=user,
+        account=account,
+        gpu_model=spec.model,
+        profile=spec.profile,
+        environment=spec.environment,
+        state=S.PLACING if placed else S.QUEUED,
+        **(_reason_fields(placed["reason"]) if placed else {}),
+        idempotency_key=idempotency_key or None,
+        jupyter_token_sealed=seal(new_token()),
+        price_id=spec.quote.price_id,
+        price_micros_per_hour=spec.quote.price_micros_per_hour,
+        card_burn_micros_per_hour=spec.quote.card_burn_micros_per_hour,
+        max_seconds=spec.max_seconds,
+        idle_seconds=spec.idle_seconds,
+        queue_priority=priority,
+        queue_max_wait_seconds=settings.QUEUE_MAX_WAIT_SECONDS,
+        queued_at=now,
+        placed_at=now if placed else None,
+        **(placed["fields"] if placed else {}),
+    )
+    launched = SessionEvent(
+        session=session,
+        kind="launch",
+        to_state=S.QUEUED,
+        **_event_fields(message("launched_by", user=str(user))),
+    )
+    if placed:
+        then = SessionEvent(
+            session=session,
+            kind="state",
+            from_state=S.QUEUED,
+            to_state=S.PLACING,
+            **_event_fields(placed["reason"]),
         )
-        account_can_launch(account=account, quote=quote, gpu_model=model_name)
-        # Placed before the session row is written (its foreign keys are checked at commit), so a
-        # launch that finds room writes the session once, already placing.
-        placed = _placement(session_id, model=model, profile=profile_obj, candidates=candidates)
-        now = timezone.now()
-        session = Session.objects.create(
-            id=session_id,
-            owner=user,
-            account=account,
-            gpu_model=model,
-            profile=profile_obj,
-            environment=env,
-            state=S.PLACING if placed else S.QUEUED,
-            **(_reason_fields(placed["reason"]) if placed else {}),
-            idempotency_key=idempotency_key or None,
-            jupyter_token_sealed=seal(new_token()),
-            price_id=quote.price_id,
-            price_micros_per_hour=quote.price_micros_per_hour,
-            card_burn_micros_per_hour=quote.card_burn_micros_per_hour,
-            max_seconds=max_seconds,
-            idle_seconds=idle_seconds,
-            queue_priority=priority,
-            queue_max_wait_seconds=settings.QUEUE_MAX_WAIT_SECONDS,
-            queued_at=now,
-            placed_at=now if placed else None,
-            **(placed["fields"] if placed else {}),
+    else:
+        then = SessionEvent(
+            session=session,
+            kind="queue",
+            **_event_fields(message("no_room", gpu_model=spec.model_name, profile=spec.profile.name)),
         )
-        events = [
-            SessionEvent(
-                session=session,
-                kind="launch",
-                to_state=S.QUEUED,
-                **_event_fields(message("launched_by", user=str(user))),
-            )
-        ]
-        if placed:
-            events.append(
-                SessionEvent(
-                    session=session,
-                    kind="state",
-                    from_state=S.QUEUED,
-                    to_state=S.PLACING,
-                    **_event_fields(placed["reason"]),
-                )
-            )
-            enqueue.session_start(session.id)
-        else:
-            events.append(
-                SessionEvent(
-                    session=session,
-                    kind="queue",
-                    **_event_fields(message("no_room", gpu_model=model_name, profile=profile)),
-                )
-            )
-        SessionEvent.objects.bulk_create(events)
+    SessionEvent.objects.bulk_create([launched, then])
     return session
 
 

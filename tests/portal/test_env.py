@@ -1,9 +1,10 @@
+import ast
 import subprocess
 import sys
 
 import pytest
 
-from portal.env import ConfigError, database_url, env
+from portal.env import ConfigError, database_url, env, throttle_rate
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 
@@ -20,7 +21,14 @@ def test_env_parses_typed_values(monkeypatch):
 
 @pytest.mark.parametrize(
     ("name", "value", "default", "parse"),
-    [("X_BOOL", "maybe", True, None), ("X_INT", "4.2", 1, None), ("X_DB", "mysql://x/y", "", database_url)],
+    [
+        ("X_BOOL", "maybe", True, None),
+        ("X_INT", "4.2", 1, None),
+        ("X_DB", "mysql://x/y", "", database_url),
+        ("X_RATE", "30", "1/s", throttle_rate),
+        ("X_RATE", "0/min", "1/s", throttle_rate),
+        ("X_RATE", "30/fortnight", "1/s", throttle_rate),
+    ],
 )
 def test_env_names_the_variable_on_a_bad_value(monkeypatch, name, value, default, parse):
     monkeypatch.setenv(name, value)
@@ -78,3 +86,45 @@ def test_a_bad_signup_setting_gets_one_clear_line():
     assert result.returncode == 2
     assert "SIGNUP_RATE_PER_HOUR and SIGNUP_VERIFY_DAYS must be at least 1" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def _handles_config_error(handler: ast.ExceptHandler) -> bool:
+    return isinstance(handler.type, ast.Name) and handler.type.id == "ConfigError"
+
+
+def test_every_env_call_in_the_settings_is_inside_the_fail_loudly_handling():
+    """An ``env()`` outside ``try: … except ConfigError: _fail(…)`` turns a bad value into a traceback."""
+    tree = ast.parse((ROOT / "portal" / "settings.py").read_text())
+    guarded: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Try) and any(_handles_config_error(h) for h in node.handlers):
+            for statement in node.body:
+                guarded.update(id(inner) for inner in ast.walk(statement))
+    unguarded = [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "env"
+        and id(node) not in guarded
+    ]
+    assert unguarded == [], f"env() outside the ConfigError handling on lines {unguarded}"
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "extra"),
+    [
+        ("BEAT_PULSE_SECONDS", "soon", {}),
+        ("DATABASE_CONN_MAX_AGE", "forever", {}),
+        ("API_LAUNCH_RATE_PER_USER", "lots", {}),
+        ("SECURE_HSTS_SECONDS", "1y", {"DEBUG": "0", "SECRET_KEY": "a-production-secret-0123456789"}),
+    ],
+)
+def test_a_bad_value_anywhere_in_the_settings_gets_one_clear_line(name, value, extra):
+    urls = {"DATABASE_URL": "postgresql://u@db/x", "REDIS_URL": "redis://h:1/0"}
+    result = _manage_check(**{name: value, **extra, **urls})
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"suanli: configuration error: {name}={value!r} is not valid"
+    )

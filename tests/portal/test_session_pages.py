@@ -4,6 +4,7 @@ its live page; strangers get 404; the operators' page shows the slot map and Q =
 from __future__ import annotations
 
 import pytest
+from django.core.cache import cache
 from django.test import Client
 
 from billing.services.pricing import burn_rate_set, price_set
@@ -105,6 +106,20 @@ def test_a_launch_form_posted_twice_makes_one_session(fleet, django_capture_on_c
     assert Session.objects.filter(owner=user).count() == 1
 
 
+def test_launches_from_the_page_are_throttled_past_the_launch_rate(
+    fleet, settings, django_capture_on_commit_callbacks
+):
+    settings.SESSION_LAUNCH_RATE = (2, 60)
+    user, client = _user("ada", funded=40_000_000)
+    cache.delete(f"launch:user:{user.pk}")  # a count left by an earlier run's user of the same id
+    form = {"gpu_model": "T4", "profile": "1/2", "environment": "python-3.11"}
+    with django_capture_on_commit_callbacks(execute=False):
+        answers = [client.post("/launch/", {**form, "idempotency_key": f"k-{i}"}) for i in range(3)]
+    assert [a.status_code for a in answers] == [302, 302, 200]
+    assert "Too many attempts" in answers[2].content.decode()
+    assert Session.objects.filter(owner=user).count() == 2
+
+
 def test_a_stale_page_of_a_stopped_session_says_so_and_stop_again_is_harmless(
     fleet, django_capture_on_commit_callbacks
 ):
@@ -189,7 +204,7 @@ def test_a_mig_sessions_chart_shows_the_figures_the_agent_reports_for_its_card(s
     session = session_launch(
         user=user, account=user.account, gpu_model="H200", profile="1g.18gb", environment=ENV,
         max_hours=None, idle_minutes=None, idempotency_key=None,
-    )  # fmt: skip
+    ).session  # fmt: skip
     assert session.device.kind == Device.Kind.MIG
     for used_mib in (4096, 8192):
         beat(
@@ -224,7 +239,7 @@ def test_the_dashboard_takes_as_many_queries_for_eleven_sessions_as_for_two(
             session = session_launch(
                 user=user, account=user.account, gpu_model="T4", profile=profile,
                 environment="python-3.11", max_hours=None, idle_minutes=None, idempotency_key=None,
-            )  # fmt: skip
+            ).session  # fmt: skip
             session_mark_running(session_id=session.id, upstream="http://127.0.0.1:1")
 
     add("1/2", 1)  # running

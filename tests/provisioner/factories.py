@@ -186,7 +186,7 @@ def launch(
         profile=profile,
         environment=ENV,
         **fields,
-    )
+    ).session
 
 
 def slot_pairs() -> list[tuple[int, int]]:

@@ -3,9 +3,12 @@ leaves nothing allocated and nothing half-written."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
 from billing.models import AuditEntry, LedgerHold
@@ -14,6 +17,7 @@ from portal.services import access_token_create, team_create
 from provisioner.models import Allocation, Node, Quota, Session
 from provisioner.quotas import quota_set
 from provisioner.sealing import unseal
+from provisioner.services.sessions import session_launch
 from tests.provisioner.conftest import (
     A100,
     ENV,
@@ -160,6 +164,40 @@ def test_the_same_idempotency_key_returns_the_same_session(fleet, sent_tasks):
     assert counts() == before
     other = launch(client, key="launch-2")
     assert other.status_code == 201 and other.json()["id"] != first.json()["id"]
+
+
+def test_a_replay_finds_its_session_with_one_lookup_of_the_key(fleet, sent_tasks):
+    client = client_for(make_user())
+    first = launch(client, key="launch-1")
+    with CaptureQueriesContext(connection) as queries:
+        again = launch(client, key="launch-1")
+    assert again.status_code == 200 and again.json()["id"] == first.json()["id"]
+    lookups = [q["sql"] for q in queries.captured_queries if '"idempotency_key" = ' in q["sql"]]
+    assert len(lookups) == 1, lookups
+
+
+def test_the_launch_throttle_lets_launches_through_and_logs_when_the_cache_is_down(
+    fleet, sent_tasks, settings, caplog
+):
+    settings.SESSION_LAUNCH_RATE = (1, 60)
+    settings.CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": "redis://127.0.0.1:1/0",  # nothing listens there
+            "OPTIONS": {"socket_connect_timeout": 0.5},
+        }
+    }
+    user = make_user()
+    with caplog.at_level(logging.WARNING, logger="core.throttle"):
+        launched = [
+            session_launch(
+                user=user, account=user.account, gpu_model=A100, profile="1/8", environment=ENV,
+                max_hours=1, idle_minutes=None, idempotency_key=None,
+            ).session
+            for _ in range(2)
+        ]  # fmt: skip
+    assert Session.objects.filter(id__in=[s.id for s in launched]).count() == 2
+    assert f"throttle skipped: the cache is unreachable (launch:user:{user.pk})" in caplog.text
 
 
 def test_an_idempotency_key_is_per_user(fleet, sent_tasks):

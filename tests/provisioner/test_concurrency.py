@@ -73,6 +73,7 @@ def _race(n: int, fn) -> list:
 @pytest.fixture
 def ten_gpus(monkeypatch, settings):
     no_start_task(monkeypatch)
+    settings.SESSION_LAUNCH_RATE = (1_000_000, 60)  # one user's 50 launches at once race on the quota
     model = catalog_make(A100)
     return fleet_make(model, nodes=2, gpus_per_node=5)
 

@@ -75,7 +75,7 @@ def test_the_answer_carries_the_spec_of_a_placed_session_and_running_opens_the_m
         max_hours=1,
         idle_minutes=30,
         idempotency_key=None,
-    )
+    ).session
     (spec,) = post(token, heartbeat_body([gpu(0, "GPU-a-0")])).json()["desired_workloads"]
     assert spec["session_id"] == str(session.id)
     assert spec["allocation"] == {
@@ -261,7 +261,7 @@ def test_workloads_of_other_nodes_or_unknown_ids_are_ignored(catalog):
         max_hours=1,
         idle_minutes=30,
         idempotency_key=None,
-    )
+    ).session
     assert session.node_id == node_a.id
     statuses = [workload_status(session, "running"), {"session_id": "not-a-uuid", "state": "running"}]
     assert (
@@ -324,7 +324,7 @@ def test_a_quarter_a100_on_a_fresh_node_is_a_spec_its_agent_can_serve(live_serve
         max_hours=1,
         idle_minutes=None,
         idempotency_key=None,
-    )
+    ).session
     [spec] = [w for w in beat()["desired_workloads"] if w["session_id"] == str(session.id)]
     assert spec["allocation"]["profile"] == "1/4"
     plan = gpu_plan(PlanAllocation(**spec["allocation"]), reader.inventory(), tools=tools)  # no PlanError
@@ -376,7 +376,7 @@ def test_what_the_agent_reports_enforced_is_kept_and_garbage_is_not(enrolled, re
     session = session_launch(
         user=user, account=user.account, gpu_model=A100, profile="whole", environment=ENV, max_hours=1,
         idle_minutes=30, idempotency_key=None,
-    )  # fmt: skip
+    ).session  # fmt: skip
     post(token, heartbeat_body([gpu(0, "GPU-a-0")]))
     answer = post(
         token, heartbeat_body([gpu(0, "GPU-a-0")], [workload_status(session, enforcement=reported)])

@@ -43,7 +43,7 @@ def launch(user=None, **fields) -> Session:
         "idempotency_key": None,
         **fields,
     }
-    return session_launch(user=user, account=user.account, **args)
+    return session_launch(user=user, account=user.account, **args).session
 
 
 def running(node, session: Session) -> Session:

@@ -53,7 +53,7 @@ def session(catalog, sent_tasks):
         max_hours=1,
         idle_minutes=30,
         idempotency_key=None,
-    )
+    ).session
 
 
 def test_a_stored_event_renders_in_english_and_in_chinese(session):

@@ -17,7 +17,7 @@ def _launch(user) -> Session:
     return session_launch(
         user=user, account=user.account, gpu_model=A100, profile="1/2", environment=ENV,
         max_hours=None, idle_minutes=None, idempotency_key=None,
-    )  # fmt: skip
+    ).session  # fmt: skip
 
 
 def _util(samples) -> list[int | None]:

@@ -136,7 +136,7 @@ def _launch(user, account, profile: str = "1/2") -> Session:
         max_hours=None,
         idle_minutes=None,
         idempotency_key=None,
-    )
+    ).session
 
 
 @pytest.fixture

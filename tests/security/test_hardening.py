@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from django.conf import settings as django_settings
 from django.contrib import admin
 from django.core.cache import cache
 from django.test import Client
@@ -32,13 +31,6 @@ LAUNCH = {"gpu_model": A100, "profile": "1/8", "environment": ENV}
 def _clean(settings):
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     cache.clear()
-
-
-def _rates(settings, **rates: str) -> None:
-    settings.REST_FRAMEWORK = {
-        **django_settings.REST_FRAMEWORK,
-        "DEFAULT_THROTTLE_RATES": {**django_settings.REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"], **rates},
-    }
 
 
 # --- production settings -----------------------------------------------------------------------------
@@ -227,7 +219,7 @@ def test_redemption_is_rate_limited_with_the_standard_body(settings):
 
 @pytest.mark.django_db
 def test_launch_is_rate_limited_with_the_standard_body(settings):
-    _rates(settings, launch="2/min")
+    settings.SESSION_LAUNCH_RATE = (2, 60)
     make_catalog()
     make_node()
     client = APIClient()

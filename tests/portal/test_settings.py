@@ -1,0 +1,32 @@
+"""The settings module: importing it computes every value and starts nothing."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_importing_the_settings_starts_no_embedded_server(tmp_path):
+    data = tmp_path / "data"
+    code = (
+        "import json; from portal import settings as s; "
+        "print(json.dumps([s.DATABASES['default']['HOST'], s.REDIS_URL, s.CELERY_BROKER_URL]))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={"PATH": "/usr/bin:/bin", "HOME": "/tmp", "SUANLI_DATA_DIR": str(data)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    database_host, redis_url, broker_url = json.loads(result.stdout.strip().splitlines()[-1])
+    # the URLs of the embedded servers, computed from the data directory ...
+    assert database_host == str(data.resolve() / "pg")
+    assert redis_url == f"unix://{data.resolve() / 'redis' / 'redis.sock'}"
+    assert broker_url == f"redis+socket://{data.resolve() / 'redis' / 'redis.sock'}"
+    # ... and nothing there: no database cluster, no socket, not even the lock file
+    assert not data.exists(), sorted(str(p.relative_to(data)) for p in data.rglob("*"))
