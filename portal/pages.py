@@ -24,6 +24,7 @@ from django.utils.translation import gettext as _
 from billing import selectors as billing_selectors
 from billing.models import Account, Card, Entry, LedgerAccount, Transfer
 from billing.services import cards as card_services
+from billing.services.topups import amount_parse, topup_create
 from core.errors import ApplicationError, ValidationFailed
 from core.units import hours_to_micros
 from portal.selectors import account_managed_by, accounts_payable_by, team_list_for_user
@@ -76,8 +77,6 @@ def _money_context(request: HttpRequest, account: Account) -> dict:
 def wallet(request: HttpRequest) -> HttpResponse:
     account = account_or_404(request)
     if request.method == "POST":
-        from billing.services.topups import amount_parse, topup_create
-
         try:
             amount_micros = amount_parse(amount=request.POST.get("amount", ""))
             topup = topup_create(

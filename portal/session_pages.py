@@ -10,6 +10,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth.decorators import login_required
@@ -23,12 +24,14 @@ from django.views.decorators.http import require_POST
 
 from billing import selectors as billing_selectors
 from billing.models import Account, Entry, LedgerAccount
-from core.errors import ApplicationError, NotFound
+from billing.services.pricing import price_quote
+from core.errors import ApplicationError, NotFound, ValidationFailed
 from portal.selectors import accounts_payable_by
 from portal.shortcuts import account_or_404
 from provisioner import selectors as prov_selectors
 from provisioner.messages import message
 from provisioner.models import Device, Node, Session
+from provisioner.services.sessions import session_launch, session_stop
 from provisioner.session_view import Limits, SessionView, session_view, session_views
 
 S = Session.State
@@ -53,8 +56,6 @@ class LaunchQuote:
 
 def launch_quote(*, account: Account, gpu_model: str, profile: str) -> LaunchQuote | None:
     """The price, card burn, runway and whether it starts now; None when that choice has no price."""
-    from billing.services.pricing import price_quote
-
     try:
         quote = price_quote(gpu_model=gpu_model, profile=profile)
     except NotFound:
@@ -108,16 +109,12 @@ def _number(text: str, *, field: str) -> float | None:
     try:
         value = float(text)
     except ValueError:
-        from core.errors import ValidationFailed
-
         raise ValidationFailed(_("%(field)s must be a number.") % {"field": field}) from None
     return value
 
 
 @login_required
 def launch(request: HttpRequest) -> HttpResponse:
-    from provisioner.services.sessions import session_launch
-
     account = account_or_404(request)
     catalog = prov_selectors.catalog()
     choice = _launch_choice(request, catalog)
@@ -159,8 +156,6 @@ def launch(request: HttpRequest) -> HttpResponse:
 
 
 def _defaults() -> dict:
-    from django.conf import settings
-
     return {
         "max_hours": settings.SESSION_DEFAULT_MAX_HOURS,
         "idle_minutes": settings.SESSION_DEFAULT_IDLE_MINUTES,
@@ -299,8 +294,6 @@ def live_seconds(session: Session) -> str:
 @login_required
 @require_POST
 def session_stop_view(request: HttpRequest, session_id) -> HttpResponse:
-    from provisioner.services.sessions import session_stop
-
     session = _session(request, session_id)
     try:
         session_stop(session=session, actor=request.user, reason=message("from_session_page"))

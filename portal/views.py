@@ -16,6 +16,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.translation import gettext as _
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
+from django.views.defaults import page_not_found
 
 from billing.services.topups import amount_parse
 from core.errors import ApplicationError, ValidationFailed
@@ -24,11 +25,10 @@ from portal import signup as signup_services
 from portal.forms import ProfileForm, SignupForm, TeamCreateForm, TeamInviteForm, TeamJoinForm
 from portal.health import health_report
 from portal.models import AccessToken, Membership, TeamInvite, User
+from portal.session_pages import landing_prices
 
 
 def home(request: HttpRequest) -> HttpResponse:
-    from portal.session_pages import landing_prices
-
     return render(request, "portal/home.html", {"catalog": landing_prices()})
 
 
@@ -369,6 +369,4 @@ def not_found(request: HttpRequest, exception=None) -> HttpResponse:
     if request.path.startswith("/api/"):
         body = {"error": {"code": "not_found", "message": "No such resource.", "fields": {}}}
         return JsonResponse(body, status=404)
-    from django.views.defaults import page_not_found
-
     return page_not_found(request, exception)

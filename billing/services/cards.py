@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.cache import cache
+from django.core.mail import send_mail
 from django.db import transaction
 from django.utils import timezone
 from django.utils.translation import gettext as _
@@ -615,8 +616,6 @@ def _reminder_text(card: Card, days: int) -> str:
 
 
 def _reminder_mail(made: list[tuple[Card, int]]) -> None:
-    from django.core.mail import send_mail
-
     for card, days in made:
         email = getattr(card.redeemed_by, "email", "") if card.redeemed_by_id else ""
         if email:

@@ -194,81 +194,22 @@ def transfers_post_many(*, legs: Sequence[Leg]) -> list[int]:
     mismatch, an overdraft paid back beyond zero) and InsufficientFunds (a wallet or card below zero);
     then nothing of ``legs`` is written.
     """
-    first: dict[str, Leg] = {}
-    for leg in legs:
-        if leg.amount_micros == 0:
-            continue
-        _check_amount(leg.amount_micros)
-        if not leg.idempotency_key:
-            raise ValidationFailed("A transfer needs an idempotency key.")
-        first.setdefault(leg.idempotency_key, leg)
-    if not first:
+    todo = _legs_to_post(legs)
+    if not todo:
         return []
-    todo = list(first.values())
     # wrap_database_errors: the raw cursor's errors reach callers as Django's (IntegrityError, …)
     with transaction.atomic(), connection.wrap_database_errors, bulk_cursor() as cursor:
-        cursor.execute(
-            "SELECT id, kind, unit, balance_micros FROM billing_ledgeraccount WHERE id = ANY(%s) "
-            "ORDER BY id FOR UPDATE",
-            [sorted({leg.debit_id for leg in todo} | {leg.credit_id for leg in todo})],
-        )
-        kind, unit, running = {}, {}, {}
-        for la_id, la_kind, la_unit, balance in cursor.fetchall():
-            kind[la_id], unit[la_id], running[la_id] = la_kind, la_unit, balance
-        for leg in todo:
-            if leg.debit_id not in unit or leg.credit_id not in unit:
-                raise ValidationFailed("A transfer names a ledger account that does not exist.")
-            if unit[leg.debit_id] != unit[leg.credit_id]:
-                raise ValidationFailed("The two sides of a transfer must be in the same unit.")
-        cursor.execute(
-            """
-            INSERT INTO billing_transfer (debit_id, credit_id, amount_micros, unit, kind, memo,
-                                          idempotency_key, meter_id)
-            SELECT d, c, a, u, k, memo, key, m
-            FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::text[], %s::text[], %s::text[],
-                        %s::text[], %s::bigint[]) WITH ORDINALITY AS v(d, c, a, u, k, memo, key, m, n)
-            ORDER BY n
-            ON CONFLICT (idempotency_key) DO NOTHING
-            RETURNING id, idempotency_key
-            """,
-            [
-                [leg.debit_id for leg in todo],
-                [leg.credit_id for leg in todo],
-                [leg.amount_micros for leg in todo],
-                [unit[leg.debit_id] for leg in todo],
-                [leg.kind for leg in todo],
-                [leg.memo[:200] for leg in todo],
-                [leg.idempotency_key for leg in todo],
-                [leg.meter_id for leg in todo],
-            ],
-        )
-        written = {key: transfer_id for transfer_id, key in cursor.fetchall()}
+        kind, unit, running = _ledger_accounts_lock(cursor, todo)
+        written = _transfers_insert(cursor, todo, unit)
         if not written:
             return []
-        e_transfer, e_account, e_amount, e_after = [], [], [], []
-        touched: set[int] = set()
-        for leg in todo:
-            transfer_id = written.get(leg.idempotency_key)
-            if transfer_id is None:  # already in the ledger: posts nothing
-                continue
-            debit, credit, amount = leg.debit_id, leg.credit_id, leg.amount_micros
-            if kind[debit] in LedgerAccount.FLOOR_ZERO and running[debit] < amount:
-                raise InsufficientFunds(_("Not enough funds for this transfer."))
-            if kind[credit] in LedgerAccount.CEILING_ZERO and running[credit] + amount > 0:
-                raise ValidationFailed("An overdraft cannot be paid back beyond zero.")
-            for la_id, signed in ((debit, -amount), (credit, amount)):
-                running[la_id] += signed
-                e_transfer.append(transfer_id)
-                e_account.append(la_id)
-                e_amount.append(signed)
-                e_after.append(running[la_id])
-            touched |= {debit, credit}
+        entries, touched = _entries_of(todo, written, kind, running)
         cursor.execute(
             """
             INSERT INTO billing_entry (transfer_id, account_id, amount_micros, balance_after_micros)
             SELECT * FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[])
             """,
-            [e_transfer, e_account, e_amount, e_after],
+            entries,
         )
         ids = sorted(touched)
         cursor.execute(
@@ -279,6 +220,93 @@ def transfers_post_many(*, legs: Sequence[Leg]) -> list[int]:
             [ids, [running[la_id] for la_id in ids]],
         )
     return [written[leg.idempotency_key] for leg in todo if leg.idempotency_key in written]
+
+
+def _legs_to_post(legs: Sequence[Leg]) -> list[Leg]:
+    """The legs that may post, in order: checked, zero amounts left out, and the first of each key."""
+    first: dict[str, Leg] = {}
+    for leg in legs:
+        if leg.amount_micros == 0:
+            continue
+        _check_amount(leg.amount_micros)
+        if not leg.idempotency_key:
+            raise ValidationFailed("A transfer needs an idempotency key.")
+        first.setdefault(leg.idempotency_key, leg)
+    return list(first.values())
+
+
+def _ledger_accounts_lock(cursor: psycopg.Cursor, todo: list[Leg]) -> tuple[dict, dict, dict]:
+    """Lock the legs' ledger accounts in id order; their kinds, units and balances by id. Refuses a leg
+    naming an unknown account or joining two units."""
+    cursor.execute(
+        "SELECT id, kind, unit, balance_micros FROM billing_ledgeraccount WHERE id = ANY(%s) "
+        "ORDER BY id FOR UPDATE",
+        [sorted({leg.debit_id for leg in todo} | {leg.credit_id for leg in todo})],
+    )
+    kind, unit, running = {}, {}, {}
+    for la_id, la_kind, la_unit, balance in cursor.fetchall():
+        kind[la_id], unit[la_id], running[la_id] = la_kind, la_unit, balance
+    for leg in todo:
+        if leg.debit_id not in unit or leg.credit_id not in unit:
+            raise ValidationFailed("A transfer names a ledger account that does not exist.")
+        if unit[leg.debit_id] != unit[leg.credit_id]:
+            raise ValidationFailed("The two sides of a transfer must be in the same unit.")
+    return kind, unit, running
+
+
+def _transfers_insert(cursor: psycopg.Cursor, todo: list[Leg], unit: dict) -> dict[str, int]:
+    """Insert the legs' transfers in order, each key at most once (one already in the ledger, or held by
+    a concurrent transaction that commits it, posts nothing); the new transfers' ids by key."""
+    cursor.execute(
+        """
+        INSERT INTO billing_transfer (debit_id, credit_id, amount_micros, unit, kind, memo,
+                                      idempotency_key, meter_id)
+        SELECT d, c, a, u, k, memo, key, m
+        FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::text[], %s::text[], %s::text[],
+                    %s::text[], %s::bigint[]) WITH ORDINALITY AS v(d, c, a, u, k, memo, key, m, n)
+        ORDER BY n
+        ON CONFLICT (idempotency_key) DO NOTHING
+        RETURNING id, idempotency_key
+        """,
+        [
+            [leg.debit_id for leg in todo],
+            [leg.credit_id for leg in todo],
+            [leg.amount_micros for leg in todo],
+            [unit[leg.debit_id] for leg in todo],
+            [leg.kind for leg in todo],
+            [leg.memo[:200] for leg in todo],
+            [leg.idempotency_key for leg in todo],
+            [leg.meter_id for leg in todo],
+        ],
+    )
+    return {key: transfer_id for transfer_id, key in cursor.fetchall()}
+
+
+def _entries_of(
+    todo: list[Leg], written: dict[str, int], kind: dict, running: dict
+) -> tuple[list[list[int]], set[int]]:
+    """The entries of the written transfers as four columns (transfer, account, amount, balance after),
+    moving ``running`` on as it goes, and the accounts they touch. Refuses a wallet or card going below
+    zero and an overdraft paid back beyond zero."""
+    e_transfer, e_account, e_amount, e_after = [], [], [], []
+    touched: set[int] = set()
+    for leg in todo:
+        transfer_id = written.get(leg.idempotency_key)
+        if transfer_id is None:  # already in the ledger: posts nothing
+            continue
+        debit, credit, amount = leg.debit_id, leg.credit_id, leg.amount_micros
+        if kind[debit] in LedgerAccount.FLOOR_ZERO and running[debit] < amount:
+            raise InsufficientFunds(_("Not enough funds for this transfer."))
+        if kind[credit] in LedgerAccount.CEILING_ZERO and running[credit] + amount > 0:
+            raise ValidationFailed("An overdraft cannot be paid back beyond zero.")
+        for la_id, signed in ((debit, -amount), (credit, amount)):
+            running[la_id] += signed
+            e_transfer.append(transfer_id)
+            e_account.append(la_id)
+            e_amount.append(signed)
+            e_after.append(running[la_id])
+        touched |= {debit, credit}
+    return [e_transfer, e_account, e_amount, e_after], touched
 
 
 def transfer_post(

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+import psycopg
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Sum
@@ -321,117 +322,29 @@ def _row(meter: Meter) -> dict:
     }
 
 
+@dataclass
+class _Payers:
+    """The locked ledger accounts the due meters draw on, by owner, and every balance as it moves."""
+
+    balance: dict[int, int]  # ledger account id -> balance, moved on as legs are planned
+    wallet: dict[int, int]  # account id -> its wallet's ledger account id
+    overdraft: dict[int, int]  # account id -> its overdraft's ledger account id
+    cards: dict[int, list[tuple]]  # account id -> (ledger account id, gpu models, expiry) of usable cards
+
+
 def _post(meters: list[dict], *, now: datetime) -> int:
     """Post ``meters`` (locked by the caller) up to their ``billed_seconds``, in bulk. Returns transfers."""
     unit = money_unit()
     revenue = system_account(kind=LedgerAccount.Kind.REVENUE, unit=unit)
     burned = system_account(kind=LedgerAccount.Kind.CARD_BURN, unit=CARD_UNIT)
-    account_ids = sorted({m["account_id"] for m in meters})
     with bulk_cursor() as cursor:
-        cursor.execute(
-            """
-            SELECT la.id, la.kind, la.owner_id, la.balance_micros,
-                   ARRAY(SELECT jsonb_array_elements_text(c.gpu_models)) AS models, c.expires_at
-            FROM billing_ledgeraccount la LEFT JOIN billing_card c ON c.ledger_account_id = la.id
-            WHERE la.id = ANY(%(system)s)
-               OR (la.owner_id = ANY(%(accounts)s) AND (
-                    (la.kind IN ('wallet', 'overdraft') AND la.unit = %(unit)s)
-                 OR (la.kind = 'card' AND la.balance_micros > 0 AND c.state = 'active'
-                     AND (c.expires_at IS NULL OR c.expires_at > %(now)s))))
-            ORDER BY la.id FOR UPDATE OF la
-            """,
-            {"system": [revenue.id, burned.id], "accounts": account_ids, "unit": unit, "now": now},
-        )
-        balance: dict[int, int] = {}
-        wallet: dict[int, int] = {}
-        overdraft: dict[int, int] = {}
-        cards: dict[int, list[tuple]] = {}
-        for la_id, kind, owner_id, bal, models, expires_at in cursor.fetchall():
-            balance[la_id] = bal
-            if kind == "wallet":
-                wallet[owner_id] = la_id
-            elif kind == "overdraft":
-                overdraft[owner_id] = la_id
-            elif kind == "card":
-                cards.setdefault(owner_id, []).append((la_id, models or [], expires_at))
-        missing = [a for a in account_ids if a not in wallet or a not in overdraft]
-        if missing:  # meter_open makes both; a meter written another way gets them here
-            cursor.execute(
-                """
-                INSERT INTO billing_ledgeraccount (kind, owner_id, unit, balance_micros, version, created_at)
-                SELECT k.kind, a.id, %s, 0, 0, now()
-                FROM unnest(%s::bigint[]) AS a(id) CROSS JOIN (VALUES ('wallet'), ('overdraft')) AS k(kind)
-                ON CONFLICT DO NOTHING
-                """,
-                [unit, missing],
-            )
-            cursor.execute(
-                "SELECT id, kind, owner_id, balance_micros FROM billing_ledgeraccount "
-                "WHERE owner_id = ANY(%s) AND kind IN ('wallet', 'overdraft') AND unit = %s "
-                "ORDER BY id FOR UPDATE",
-                [missing, unit],
-            )
-            for la_id, kind, owner_id, held in cursor.fetchall():
-                balance[la_id] = held
-                (wallet if kind == "wallet" else overdraft)[owner_id] = la_id
-
+        payers = _payers_lock(cursor, meters, system_ids=[revenue.id, burned.id], unit=unit, now=now)
         legs: list[Leg] = []
         meter_updates: list[tuple] = []
         for m in meters:
-            debit_sources = _allocate(m, cards.get(m["account_id"], []), balance)
-            card_s0, wallet_s0 = m["card_seconds"], m["wallet_seconds"]
-            card_s = card_s0
-            base = f"meter:{m['id']}:{m['posted_seconds']}-{m['billed_seconds']}"
-            for la_id, seconds in debit_sources:
-                amount = _cost(m["card_burn_micros_per_hour"], card_s + seconds) - _cost(
-                    m["card_burn_micros_per_hour"], card_s
-                )
-                card_s += seconds
-                if amount:
-                    balance[la_id] -= amount
-                    balance[burned.id] += amount
-                    legs.append(
-                        Leg(
-                            debit_id=la_id,
-                            credit_id=burned.id,
-                            amount_micros=amount,
-                            kind=Transfer.Kind.CARD_BURN,
-                            idempotency_key=f"{base}:card:{la_id}",
-                            meter_id=m["id"],
-                        )
-                    )
-            wallet_s = wallet_s0 + (m["billed_seconds"] - m["posted_seconds"]) - (card_s - card_s0)
-            price = m["price_micros_per_hour"]
-            money = _cost(price, wallet_s) - _cost(price, wallet_s0)
-            w_id, o_id = wallet[m["account_id"]], overdraft[m["account_id"]]
-            from_wallet = min(money, balance[w_id])
-            for la_id, amount, source in (
-                (w_id, from_wallet, "wallet"),
-                (o_id, money - from_wallet, "overdraft"),
-            ):
-                if amount:
-                    balance[la_id] -= amount
-                    balance[revenue.id] += amount
-                    legs.append(
-                        Leg(
-                            debit_id=la_id,
-                            credit_id=revenue.id,
-                            amount_micros=amount,
-                            kind=Transfer.Kind.USAGE,
-                            idempotency_key=f"{base}:{source}",
-                            meter_id=m["id"],
-                        )
-                    )
-            meter_updates.append(
-                (
-                    m["id"],
-                    m["billed_seconds"],
-                    card_s,
-                    wallet_s,
-                    _cost(price, wallet_s),
-                    _cost(m["card_burn_micros_per_hour"], card_s),
-                )
-            )
+            meter_legs, update = _meter_legs(m, payers, revenue_id=revenue.id, burned_id=burned.id)
+            legs += meter_legs
+            meter_updates.append(update)
         transfers = transfers_post_many(legs=legs)
         cursor.execute(
             """
@@ -447,6 +360,115 @@ def _post(meters: list[dict], *, now: datetime) -> int:
             [now, *_columns(meter_updates, meters)],
         )
     return len(transfers)
+
+
+def _payers_lock(
+    cursor: psycopg.Cursor, meters: list[dict], *, system_ids: list[int], unit: str, now: datetime
+) -> _Payers:
+    """Lock, in id order, the system accounts and every wallet, overdraft and usable card of the meters'
+    accounts; a wallet or overdraft that is missing is made first (meter_open makes both; a meter
+    written another way gets them here)."""
+    account_ids = sorted({m["account_id"] for m in meters})
+    cursor.execute(
+        """
+        SELECT la.id, la.kind, la.owner_id, la.balance_micros,
+               ARRAY(SELECT jsonb_array_elements_text(c.gpu_models)) AS models, c.expires_at
+        FROM billing_ledgeraccount la LEFT JOIN billing_card c ON c.ledger_account_id = la.id
+        WHERE la.id = ANY(%(system)s)
+           OR (la.owner_id = ANY(%(accounts)s) AND (
+                (la.kind IN ('wallet', 'overdraft') AND la.unit = %(unit)s)
+             OR (la.kind = 'card' AND la.balance_micros > 0 AND c.state = 'active'
+                 AND (c.expires_at IS NULL OR c.expires_at > %(now)s))))
+        ORDER BY la.id FOR UPDATE OF la
+        """,
+        {"system": system_ids, "accounts": account_ids, "unit": unit, "now": now},
+    )
+    payers = _Payers(balance={}, wallet={}, overdraft={}, cards={})
+    for la_id, kind, owner_id, bal, models, expires_at in cursor.fetchall():
+        payers.balance[la_id] = bal
+        if kind == "wallet":
+            payers.wallet[owner_id] = la_id
+        elif kind == "overdraft":
+            payers.overdraft[owner_id] = la_id
+        elif kind == "card":
+            payers.cards.setdefault(owner_id, []).append((la_id, models or [], expires_at))
+    missing = [a for a in account_ids if a not in payers.wallet or a not in payers.overdraft]
+    if missing:
+        cursor.execute(
+            """
+            INSERT INTO billing_ledgeraccount (kind, owner_id, unit, balance_micros, version, created_at)
+            SELECT k.kind, a.id, %s, 0, 0, now()
+            FROM unnest(%s::bigint[]) AS a(id) CROSS JOIN (VALUES ('wallet'), ('overdraft')) AS k(kind)
+            ON CONFLICT DO NOTHING
+            """,
+            [unit, missing],
+        )
+        cursor.execute(
+            "SELECT id, kind, owner_id, balance_micros FROM billing_ledgeraccount "
+            "WHERE owner_id = ANY(%s) AND kind IN ('wallet', 'overdraft') AND unit = %s "
+            "ORDER BY id FOR UPDATE",
+            [missing, unit],
+        )
+        for la_id, kind, owner_id, held in cursor.fetchall():
+            payers.balance[la_id] = held
+            (payers.wallet if kind == "wallet" else payers.overdraft)[owner_id] = la_id
+    return payers
+
+
+def _meter_legs(m: dict, payers: _Payers, *, revenue_id: int, burned_id: int) -> tuple[list[Leg], tuple]:
+    """One due meter's legs (cards first, then the wallet, the rest to the overdraft), moving the payers'
+    balances on, and its row for the meters' update."""
+    balance = payers.balance
+    legs: list[Leg] = []
+    card_s0, wallet_s0 = m["card_seconds"], m["wallet_seconds"]
+    card_s = card_s0
+    base = f"meter:{m['id']}:{m['posted_seconds']}-{m['billed_seconds']}"
+    for la_id, seconds in _allocate(m, payers.cards.get(m["account_id"], []), balance):
+        amount = _cost(m["card_burn_micros_per_hour"], card_s + seconds) - _cost(
+            m["card_burn_micros_per_hour"], card_s
+        )
+        card_s += seconds
+        if amount:
+            balance[la_id] -= amount
+            balance[burned_id] += amount
+            legs.append(
+                Leg(
+                    debit_id=la_id,
+                    credit_id=burned_id,
+                    amount_micros=amount,
+                    kind=Transfer.Kind.CARD_BURN,
+                    idempotency_key=f"{base}:card:{la_id}",
+                    meter_id=m["id"],
+                )
+            )
+    wallet_s = wallet_s0 + (m["billed_seconds"] - m["posted_seconds"]) - (card_s - card_s0)
+    price = m["price_micros_per_hour"]
+    money = _cost(price, wallet_s) - _cost(price, wallet_s0)
+    w_id, o_id = payers.wallet[m["account_id"]], payers.overdraft[m["account_id"]]
+    from_wallet = min(money, balance[w_id])
+    for la_id, amount, source in ((w_id, from_wallet, "wallet"), (o_id, money - from_wallet, "overdraft")):
+        if amount:
+            balance[la_id] -= amount
+            balance[revenue_id] += amount
+            legs.append(
+                Leg(
+                    debit_id=la_id,
+                    credit_id=revenue_id,
+                    amount_micros=amount,
+                    kind=Transfer.Kind.USAGE,
+                    idempotency_key=f"{base}:{source}",
+                    meter_id=m["id"],
+                )
+            )
+    update = (
+        m["id"],
+        m["billed_seconds"],
+        card_s,
+        wallet_s,
+        _cost(price, wallet_s),
+        _cost(m["card_burn_micros_per_hour"], card_s),
+    )
+    return legs, update
 
 
 def _columns(meter_updates: list[tuple], meters: list[dict]) -> list[list[int]]:

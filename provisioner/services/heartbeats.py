@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -18,6 +18,7 @@ from django.db.models.functions import Greatest
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from billing.services.metering import meter_alive
 from core.errors import Conflict, ValidationFailed
 from provisioner.messages import message
 from provisioner.models import Allocation, Device, DeviceSample, GpuModel, Node, Session
@@ -355,8 +356,6 @@ def _session_uuid(raw: str) -> uuid.UUID | None:
 def _record_workloads(node: Node, workloads: list[dict], now: datetime) -> None:
     """Apply what the agent reports of each of its workloads to the session, then end what it no longer
     runs. Reports of sessions not placed on this node are ignored (the agent stops them as orphans)."""
-    from billing.services.metering import meter_alive
-
     reported = {sid: w for w in workloads if (sid := _session_uuid(w["session_id"])) is not None}
     sessions = {
         s.id: s
@@ -512,8 +511,6 @@ def heartbeat_record(*, node: Node, body) -> HeartbeatAnswer:
 def nodes_liveness_sweep(*, now: datetime | None = None) -> list[str]:
     """Mark nodes without a heartbeat for NODE_LIVENESS_SECONDS down (conditional update) and their
     sessions lost, billed to their last alive time. Returns the names of the nodes marked down."""
-    from datetime import timedelta
-
     now = now or timezone.now()
     cutoff = now - timedelta(seconds=settings.NODE_LIVENESS_SECONDS)
     down = []

@@ -30,6 +30,7 @@ from django.utils.translation import gettext as _
 from billing.models import Account
 from billing.rules import accounts_payable_by
 from billing.services.ledger import idempotency_key_check
+from billing.services.metering import account_can_launch, meter_close, meter_open
 from billing.services.pricing import PriceQuote, price_quote
 from core.errors import ApplicationError, NotFound, RateLimited, ValidationFailed
 from core.throttle import attempt_count
@@ -200,8 +201,6 @@ def session_launch(
     NotFound (an account the user may not pay with), RateLimited ``throttled``, QuotaExceeded,
     InsufficientFunds.
     """
-    from billing.services.metering import account_can_launch
-
     idempotency_key_check(idempotency_key)
     _launch_throttle(user=user)
     spec = _launch_spec(
@@ -432,8 +431,6 @@ def session_end(
     last time it was seen alive, free its slots unless ``free`` is False (lost: freed only when the
     agent confirms the workload gone). Idempotent; one transaction. Queues a queue dispatch after commit
     when slots were freed."""
-    from billing.services.metering import meter_close
-
     from_states = from_states or [s for s in Session.State.values if s not in Session.ENDED]
     ended_at = ended_at or timezone.now()
     with transaction.atomic():
@@ -470,9 +467,6 @@ def session_mark_starting(*, session_id) -> bool:
 
 def session_mark_running(*, session_id, upstream: str, at: datetime | None = None) -> bool:
     """The agent reported the workload running: → running and the meter opens at ``at``. Idempotent."""
-    from billing.services.metering import meter_open
-    from billing.services.pricing import PriceQuote
-
     at = at or timezone.now()
     with transaction.atomic():
         left = _transition(
@@ -516,9 +510,6 @@ def queue_dispatch(*, now: datetime | None = None) -> int:
     wait. Per GPU model, strict queue order: the first that does not fit blocks the ones behind it of
     that model (no starvation of large requests). One short transaction per session (account, user,
     devices locks, as in launch). Returns how many were placed."""
-    from billing.services.metering import account_can_launch
-    from billing.services.pricing import PriceQuote
-
     now = now or timezone.now()
     waiting = list(Session.objects.filter(state=S.QUEUED).select_related("gpu_model", "profile", "account"))
     for session in waiting:
