@@ -108,9 +108,9 @@ class Sample:
 
 @dataclass(frozen=True)
 class Metrics:
-    """GPU samples over the session's life. The agent reports figures per physical GPU only (NVML gives
-    a MIG device neither utilisation nor power; agents/nvml/reader.py), so a MIG session's figures are
-    its parent card's, and a shared card's are the whole card's: always ``device_wide``."""
+    """GPU samples over the session's life. A MIG session's are its MIG device's own (the agent reports
+    a MIG device's memory; NVML gives it neither utilisation nor power: agents/nvml/reader.py), or its
+    card's from an agent that reports cards only; a slice's are the whole card's (``device_wide``)."""
 
     device_uuid: str | None  # the session's own device
     device_wide: bool
@@ -188,11 +188,7 @@ def session_views(
             queue=places.get(s.id),
             lab_url=selectors.session_lab_url(s) if s.state == S.RUNNING and s.upstream else None,
             gpu_util_percent=s.gpu_util_percent,
-            metrics=Metrics(
-                device_uuid=s.device.uuid if s.device_id else None,
-                device_wide=True,
-                samples=tuple(by_session.get(s.id, ())) if samples else None,
-            ),
+            metrics=_metrics(s, by_session, samples=samples),
         )
         for s in sessions
     ]
@@ -264,21 +260,35 @@ def _runways(sessions: list[Session]) -> dict[tuple[int, int | None], int | None
     }
 
 
-def _measured_device_id(session: Session) -> int | None:
-    """The device whose samples are the session's: its own, or for a MIG device the card it is cut
-    from (the heartbeat stores samples under the UUIDs the agent reports: physical cards only)."""
+def _metrics(s: Session, by_session: dict, *, samples: bool) -> Metrics:
+    """A MIG session's samples are its MIG device's own where the agent reports them (its memory), else
+    its card's; a slice's are always the whole card's (``device_wide``)."""
+    found = by_session.get(s.id) or ((), True)
+    return Metrics(
+        device_uuid=s.device.uuid if s.device_id else None,
+        device_wide=found[1],
+        samples=tuple(found[0]) if samples else None,
+    )
+
+
+def _measured_device_ids(session: Session) -> tuple[int, ...]:
+    """The devices whose samples may be the session's, preferred first: its own, then for a MIG device
+    the card it is cut from (an agent reporting physical cards only)."""
     if not session.device_id:
-        return None
-    return session.device.parent_id or session.device_id
+        return ()
+    parent = session.device.parent_id
+    return (session.device_id, parent) if parent else (session.device_id,)
 
 
-def _samples(sessions: list[Session], *, now: datetime) -> dict[uuid.UUID, list[Sample]]:
-    """The samples of each session's measured device over its life, oldest first, in one query (the
-    heartbeat keeps DEVICE_SAMPLES_KEPT per device)."""
+def _samples(sessions: list[Session], *, now: datetime) -> dict[uuid.UUID, tuple[list[Sample], bool]]:
+    """Each session's samples over its life, oldest first, and whether they are the whole card's: its
+    first measured device that has any, in one query (the heartbeat keeps DEVICE_SAMPLES_KEPT per
+    device)."""
     windows: dict[int, list[tuple[uuid.UUID, datetime, datetime]]] = {}
     for s in sessions:
-        device_id = _measured_device_id(s)
-        if device_id is not None and s.running_at is not None:
+        if s.running_at is None:
+            continue
+        for device_id in _measured_device_ids(s):
             windows.setdefault(device_id, []).append((s.id, s.running_at, s.ended_at or now))
     if not windows:
         return {}
@@ -286,11 +296,11 @@ def _samples(sessions: list[Session], *, now: datetime) -> dict[uuid.UUID, list[
         device_id__in=list(windows),
         collected_at__gte=min(start for spans in windows.values() for _id, start, _end in spans),
     ).order_by("collected_at", "id")
-    found: dict[uuid.UUID, list[Sample]] = {}
+    found: dict[tuple[uuid.UUID, int], list[Sample]] = {}
     for row in rows:
         for session_id, start, end in windows[row.device_id]:
             if start <= row.collected_at <= end:
-                found.setdefault(session_id, []).append(
+                found.setdefault((session_id, row.device_id), []).append(
                     Sample(
                         at=row.collected_at,
                         gpu_util_percent=row.gpu_util_percent,
@@ -299,4 +309,11 @@ def _samples(sessions: list[Session], *, now: datetime) -> dict[uuid.UUID, list[
                         power_w=row.power_w,
                     )
                 )
-    return found
+    chosen: dict[uuid.UUID, tuple[list[Sample], bool]] = {}
+    for s in sessions:
+        for device_id in _measured_device_ids(s):
+            if (s.id, device_id) in found:
+                own_mig = device_id == s.device_id and s.device.kind == Device.Kind.MIG
+                chosen[s.id] = (found[(s.id, device_id)], not own_mig)
+                break
+    return chosen

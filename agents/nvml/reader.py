@@ -167,8 +167,26 @@ class GpuReader:
                     gpu["health"] = "lost"  # also seen by the cached inventory
                     figures = {key: (gpu["uuid"] if key == "uuid" else None) for key in figures}
             gpus.append(figures)
+            if gpu["health"] == "ok":
+                gpus += self._mig_figures(migs, like=figures)
         collected_at = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
         return {"collected_at": collected_at, "gpus": gpus}, per_session
+
+    def _mig_figures(self, migs: list[tuple[dict, Any]], *, like: dict) -> list[dict]:
+        """Each MIG device's own figures: its memory in use (NVML gives a MIG device neither
+        utilisation nor power, so those stay None); the card's temperature, which they share."""
+        found = []
+        for mig, mig_handle in migs:
+            memory = self._call("nvmlDeviceGetMemoryInfo", mig_handle)
+            found.append(
+                {
+                    **dict.fromkeys(like, None),
+                    "uuid": mig["uuid"],
+                    "memory_used_mib": memory.used // _MIB if memory is not None else None,
+                    "temperature_c": like.get("temperature_c"),
+                }
+            )
+        return found
 
     def _gpu_figures(self, handle: Any, figures: dict) -> None:
         utilisation = self._call("nvmlDeviceGetUtilizationRates", handle)

@@ -75,7 +75,9 @@ def test_agent_converges_to_the_portal_and_keeps_workloads_while_it_is_down(star
         )
         beat = portal.beats_after(0, 1)
         assert beat["runtime"] == "process" and beat["listen_url"] == agent.url
-        assert len(beat["inventory"]["gpus"]) == 2 and len(beat["metrics"]["gpus"]) == 2
+        gpus = beat["inventory"]["gpus"]
+        devices = {g["uuid"] for g in gpus} | {m["uuid"] for g in gpus for m in g["mig_devices"]}
+        assert len(gpus) == 2 and {m["uuid"] for m in beat["metrics"]["gpus"]} == devices  # MIG ones too
         uuid = beat["inventory"]["gpus"][0]["uuid"]
 
         wanted = workload_spec(

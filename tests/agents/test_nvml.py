@@ -112,6 +112,22 @@ def test_per_workload_figures_map_nvml_processes_to_session_pids():
     assert metrics["gpus"][0]["memory_used_mib"] == 5500
 
 
+def test_each_mig_device_reports_its_own_memory_beside_its_card():
+    reader, fake = _reader(
+        "node: n1\nsimulate_processes: false\ngpus:\n"
+        "  - {model: A100-SXM4-80GB, memory_mib: 81920, mig: ['3g.40gb', '3g.40gb']}\n"
+    )
+    card = reader.inventory()["gpus"][0]
+    first, second = (mig["uuid"] for mig in card["mig_devices"])
+    fake.set_processes(second, [(201, 70, 2048)])
+    metrics, _ = reader.metrics()
+    by_uuid = {figures["uuid"]: figures for figures in metrics["gpus"]}
+    assert set(by_uuid) == {card["uuid"], first, second}
+    assert by_uuid[first]["memory_used_mib"] == 0 and by_uuid[second]["memory_used_mib"] == 2048
+    # NVML gives a MIG device neither utilisation nor power: null, never the card's
+    assert by_uuid[second]["gpu_util_percent"] is None and by_uuid[second]["power_w"] is None
+
+
 def test_simulated_processes_are_found_by_their_cuda_visible_devices(tmp_path):
     import subprocess
     import sys

@@ -190,33 +190,65 @@ def test_the_page_says_enforced_only_for_what_the_node_reports_enforced(
     assert chinese["device"].startswith("已强制") and chinese["memory"].startswith("仅供参考")
 
 
-def test_a_mig_sessions_chart_shows_the_figures_the_agent_reports_for_its_card(settings):
-    """The agent reports figures per physical card (NVML has none per MIG device), so a MIG session's
-    chart is its card's: memory as % of the MIG device's cap, no GPU % (NVML has none in MIG mode)."""
+def _mig_session(name: str):
+    """A running 1g.18gb session on an H200 laid out as MIG 1g.18gb × 7, and its owner's client."""
     from provisioner.services.sessions import session_launch
-    from tests.provisioner.conftest import ENV, beat, fund, gpu, make_catalog, make_node, workload_status
+    from tests.provisioner.conftest import ENV, fund, gpu, make_catalog, make_node
 
     make_catalog()
-    migs = [{"uuid": f"MIG-m-0-{i}", "profile": "1g.18gb", "memory_total_mib": 16384} for i in range(7)]
-    node, _token = make_node("node-m", [gpu(0, "GPU-m-0", "NVIDIA H200", 143771, mig_devices=migs)])
-    user, client = _user("mia")
+    migs = [{"uuid": f"MIG-{name}-{i}", "profile": "1g.18gb", "memory_total_mib": 16384} for i in range(7)]
+    node, _token = make_node(f"node-{name}", [gpu(0, f"GPU-{name}", "NVIDIA H200", 143771, mig_devices=migs)])
+    user, client = _user(name)
     fund(user.account, 100_000_000)
     session = session_launch(
         user=user, account=user.account, gpu_model="H200", profile="1g.18gb", environment=ENV,
         max_hours=None, idle_minutes=None, idempotency_key=None,
     ).session  # fmt: skip
     assert session.device.kind == Device.Kind.MIG
+    return node, session, client
+
+
+def test_a_mig_sessions_chart_shows_its_mig_devices_own_figures(settings):
+    """The agent reports each MIG device's memory beside its card's figures: the chart is the MIG
+    device's own (memory as % of its cap; NVML has no GPU % for it), not the card's."""
+    from tests.provisioner.conftest import beat, workload_status
+
+    node, session, client = _mig_session("mia")
+    other = f"MIG-mia-{6 if session.device.uuid != 'MIG-mia-6' else 5}"
     for used_mib in (4096, 8192):
         beat(
             node,
             [workload_status(session, "running")],
             metrics=[
-                {"uuid": "GPU-m-0", "gpu_util_percent": None, "memory_used_mib": used_mib, "power_w": 90.0}
+                {"uuid": "GPU-mia", "gpu_util_percent": None, "memory_used_mib": 60000, "power_w": 90.0},
+                {"uuid": session.device.uuid, "gpu_util_percent": None, "memory_used_mib": used_mib},
+                {"uuid": other, "gpu_util_percent": None, "memory_used_mib": 16000},
             ],
         )
     response = client.get(f"/sessions/{session.id}/live")
     assert response.context["metrics"] == {"GPU %": [None, None], "Memory %": [25.0, 50.0]}
     assert "<title>Memory %</title>" in response.content.decode()
+    api = client.get(f"/api/v1/sessions/{session.id}/metrics").json()
+    assert api["device"] == session.device.uuid and api["device_wide"] is False
+    assert [s["memory_used_mib"] for s in api["samples"]] == [4096, 8192]
+
+
+def test_a_mig_sessions_chart_falls_back_to_its_cards_figures_from_an_agent_that_reports_cards_only(
+    settings,
+):
+    from tests.provisioner.conftest import beat, workload_status
+
+    node, session, client = _mig_session("max")
+    for used_mib in (4096, 8192):
+        beat(
+            node,
+            [workload_status(session, "running")],
+            metrics=[
+                {"uuid": "GPU-max", "gpu_util_percent": None, "memory_used_mib": used_mib, "power_w": 90.0}
+            ],
+        )
+    response = client.get(f"/sessions/{session.id}/live")
+    assert response.context["metrics"] == {"GPU %": [None, None], "Memory %": [25.0, 50.0]}
     api = client.get(f"/api/v1/sessions/{session.id}/metrics").json()
     assert api["device"] == session.device.uuid and api["device_wide"] is True
     assert [s["memory_used_mib"] for s in api["samples"]] == [4096, 8192]
