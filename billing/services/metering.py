@@ -415,6 +415,22 @@ def _payers_lock(
     return payers
 
 
+def _leg_planned(
+    balance: dict[int, int], debit_id: int, credit_id: int, amount: int, kind: str, m: dict, key: str
+) -> Leg:
+    """One leg of a meter's posting, with the planned balances moved on by it."""
+    balance[debit_id] -= amount
+    balance[credit_id] += amount
+    return Leg(
+        debit_id=debit_id,
+        credit_id=credit_id,
+        amount_micros=amount,
+        kind=kind,
+        idempotency_key=key,
+        meter_id=m["id"],
+    )
+
+
 def _meter_legs(m: dict, payers: _Payers, *, revenue_id: int, burned_id: int) -> tuple[list[Leg], tuple]:
     """One due meter's legs (cards first, then the wallet, the rest to the overdraft), moving the payers'
     balances on, and its row for the meters' update."""
@@ -429,16 +445,9 @@ def _meter_legs(m: dict, payers: _Payers, *, revenue_id: int, burned_id: int) ->
         )
         card_s += seconds
         if amount:
-            balance[la_id] -= amount
-            balance[burned_id] += amount
             legs.append(
-                Leg(
-                    debit_id=la_id,
-                    credit_id=burned_id,
-                    amount_micros=amount,
-                    kind=Transfer.Kind.CARD_BURN,
-                    idempotency_key=f"{base}:card:{la_id}",
-                    meter_id=m["id"],
+                _leg_planned(
+                    balance, la_id, burned_id, amount, Transfer.Kind.CARD_BURN, m, f"{base}:card:{la_id}"
                 )
             )
     wallet_s = wallet_s0 + (m["billed_seconds"] - m["posted_seconds"]) - (card_s - card_s0)
@@ -448,17 +457,8 @@ def _meter_legs(m: dict, payers: _Payers, *, revenue_id: int, burned_id: int) ->
     from_wallet = min(money, balance[w_id])
     for la_id, amount, source in ((w_id, from_wallet, "wallet"), (o_id, money - from_wallet, "overdraft")):
         if amount:
-            balance[la_id] -= amount
-            balance[revenue_id] += amount
             legs.append(
-                Leg(
-                    debit_id=la_id,
-                    credit_id=revenue_id,
-                    amount_micros=amount,
-                    kind=Transfer.Kind.USAGE,
-                    idempotency_key=f"{base}:{source}",
-                    meter_id=m["id"],
-                )
+                _leg_planned(balance, la_id, revenue_id, amount, Transfer.Kind.USAGE, m, f"{base}:{source}")
             )
     update = (
         m["id"],
