@@ -225,7 +225,9 @@ class SampleOut(serializers.Serializer):
 
 class MetricsOut(serializers.Serializer):
     device = serializers.CharField(source="device_uuid", allow_null=True)
-    device_wide = serializers.BooleanField(help_text="True: the figures are the whole GPU's, shared or not; false: a MIG device's own.")
+    device_wide = serializers.BooleanField(
+        help_text="True: the figures are the whole GPU's, shared or not; false: a MIG device's own."
+    )
     samples = SampleOut(many=True)
 
 
