@@ -27,7 +27,9 @@ start_agent, token_file = agent_fixtures.start_agent, agent_fixtures.token_file 
 
 
 def _query(url: str, promql: str) -> list:
-    answer = httpx.get(f"{url}/api/v1/query", params={"query": promql}, timeout=5).json()
+    response = httpx.get(f"{url}/api/v1/query", params={"query": promql}, timeout=5)
+    response.raise_for_status()  # a 503 "Service Unavailable" while Prometheus starts: the caller retries
+    answer = response.json()
     assert answer["status"] == "success", answer
     return answer["data"]["result"]
 
