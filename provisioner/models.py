@@ -401,3 +401,42 @@ class Quota(models.Model):
 
     def limits(self) -> dict:
         return {f: getattr(self, f) for f in self.LIMIT_FIELDS}
+
+
+class StopWarning(models.Model):
+    """A stop announced to a running session's people before it happens: why (``kind``), when
+    (``due_at``) and the line they read (a key of provisioner.messages and its parameters). One live
+    warning per session and kind; ``cleared_at`` is set when the cause goes away (activity after an idle
+    warning, a top-up after a funds warning) or the session ends. Shown on the portal's pages, by email
+    and inside JupyterLab (the session's notices endpoint)."""
+
+    class Kind(models.TextChoices):
+        IDLE = "idle", _("Idle")
+        FUNDS = "funds", _("Funds")
+        MAX_HOURS = "max_hours", _("Longest session time")
+        BUDGET = "budget", _("Budget")
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="stop_warnings")
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    due_at = models.DateTimeField()
+    message_key = models.CharField(max_length=KEY_MAX_LENGTH)
+    message_params = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    cleared_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["session", "kind"],
+                condition=Q(cleared_at__isnull=True),
+                name="stop_warning_live_once",
+            )
+        ]
+        indexes = [models.Index(fields=["session", "cleared_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.kind} stop of {self.session_id} at {self.due_at}"
+
+    @property
+    def message_display(self) -> str:
+        return message_render(self.message_key, self.message_params)
