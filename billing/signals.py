@@ -6,3 +6,7 @@ from django.dispatch import Signal
 funds_exhausted = Signal()
 # kwargs: account_id: int, runway_seconds: int, session_refs: list[str]
 runway_low = Signal()
+# kwargs: account_id: int, session_refs: list[str] — funds were added after a runway_low
+runway_recovered = Signal()
+# kwargs: at: datetime — a metering tick committed (budgets are checked after it)
+metered = Signal()

@@ -6,9 +6,11 @@ every place that turns hours a person typed into micros, or micros back into hou
 
 from __future__ import annotations
 
-from decimal import Decimal
+from decimal import ROUND_HALF_EVEN, Decimal
 
 MICROS_PER_HOUR = 1_000_000
+MICROS_PER_UNIT = 1_000_000  # of money: a yuan, a dollar
+CURRENCY_SYMBOLS = {"CNY": "¥", "USD": "$", "EUR": "€", "GBP": "£", "JPY": "¥", "HKD": "HK$", "SGD": "S$"}
 
 
 def hours_to_micros(hours: Decimal | int) -> int:
@@ -31,3 +33,13 @@ def hours_to_micros(hours: Decimal | int) -> int:
 def micros_to_hours(micros: int) -> Decimal:
     """``1_500_000`` micros → ``Decimal("1.5")`` hours, exactly."""
     return Decimal(micros) / MICROS_PER_HOUR
+
+
+def money_text(micros: int, *, currency: str, places: int = 2) -> str:
+    """``12345678`` micros → ``¥12.35``: an amount for people to read, in ``currency``."""
+    amount = (Decimal(micros) / MICROS_PER_HOUR).quantize(
+        Decimal(1).scaleb(-places), rounding=ROUND_HALF_EVEN
+    )
+    symbol = CURRENCY_SYMBOLS.get(currency, currency + " ")
+    sign = "-" if amount < 0 else ""
+    return f"{sign}{symbol}{abs(amount):,}"

@@ -130,17 +130,20 @@ class TeamLimitsOut(serializers.Serializer):
     allowed_profiles = serializers.ListField(child=serializers.CharField(), allow_null=True)
     max_session_seconds = serializers.IntegerField(allow_null=True)
     monthly_spend_cap_micros = serializers.IntegerField(allow_null=True)
+    monthly_card_cap_micros = serializers.IntegerField(allow_null=True, help_text="Micro card-hours a month.")
 
 
 class UsageOut(serializers.Serializer):
     sessions = serializers.IntegerField(help_text="Live sessions now.")
     eighths = serializers.IntegerField(help_text="Eighths of a GPU held now.")
     spend_micros = serializers.IntegerField(help_text="Spent on the team's account this month.")
+    card_micros = serializers.IntegerField(help_text="Card-hours burned this month, in micro card-hours.")
 
 
 class MemberCapOut(serializers.Serializer):
     max_eighths = serializers.IntegerField(allow_null=True)
     monthly_spend_cap_micros = serializers.IntegerField(allow_null=True)
+    monthly_card_cap_micros = serializers.IntegerField(allow_null=True)
 
 
 class MemberOut(serializers.Serializer):
@@ -179,6 +182,14 @@ class MemberCapIn(serializers.Serializer):
     monthly_spend_cap_micros = serializers.IntegerField(
         min_value=0, max_value=2**63 - 1, allow_null=True, help_text="Spend a month; null: no cap."
     )
+    monthly_card_cap_micros = serializers.IntegerField(
+        min_value=0,
+        max_value=2**63 - 1,
+        allow_null=True,
+        required=False,
+        default=None,
+        help_text="Micro card-hours a month; null or absent: no cap.",
+    )
 
 
 class MemberRoleIn(serializers.Serializer):
@@ -196,6 +207,7 @@ def _member_body(row: selectors.MemberSpend) -> dict:
         "cap": {
             "max_eighths": row.limits.max_eighths,
             "monthly_spend_cap_micros": row.limits.monthly_spend_cap_micros,
+            "monthly_card_cap_micros": row.limits.monthly_card_cap_micros,
         },
     }
 

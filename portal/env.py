@@ -90,6 +90,14 @@ def throttle_rate_parts(rate: str) -> tuple[int, int]:
     return int(count), _RATE_PERIODS[period[:1]]
 
 
+def percents_parts(raw: str) -> tuple[int, ...]:
+    """Percentages as a comma-separated list, ascending, each from 1 to 100: ``50,80,100``."""
+    items = [p.strip() for p in raw.split(",") if p.strip()]
+    if not items or not all(p.isdigit() and 1 <= int(p) <= 100 for p in items):
+        raise ValueError("expected percentages such as 50,80,100: whole numbers from 1 to 100")
+    return tuple(sorted({int(p) for p in items}))
+
+
 def throttle_rate(raw: str) -> str:
     """A throttle rate, checked here rather than on the first request that meets the throttle."""
     throttle_rate_parts(raw)

@@ -290,9 +290,11 @@ def team_member_cap_set(
     member: User,
     max_eighths: int | None,
     monthly_spend_cap_micros: int | None,
+    monthly_card_cap_micros: int | None = None,
 ) -> Quota:
     """Cap one member of ``team`` inside the team's own quota: at most ``max_eighths`` eighths of a GPU
-    at once and ``monthly_spend_cap_micros`` a month on the team's account (None: no cap of their own).
+    at once, ``monthly_spend_cap_micros`` a month on the team's account and ``monthly_card_cap_micros``
+    of the team's card-hours a month (None: no cap of their own).
     Only the team's owners and admins may, and never above the team's limit. ``quota_set`` locks the
     member's quota row and writes the audit row. Raises NotFound (the actor or ``member`` is not in the
     team), Forbidden, ValidationFailed."""
@@ -311,16 +313,20 @@ def team_member_cap_set(
             _("A member's cap cannot exceed the team's (%(n)s/8).") % {"n": team_limits.max_eighths},
             fields={"max_eighths": "over the team's limit"},
         )
-    team_cap = team_limits.monthly_spend_cap_micros
-    if monthly_spend_cap_micros is not None and team_cap is not None and monthly_spend_cap_micros > team_cap:
-        raise ValidationFailed(
-            _("A member's monthly cap cannot exceed the team's."),
-            fields={"monthly_spend_cap_micros": "over the team's limit"},
-        )
+    caps = {
+        "monthly_spend_cap_micros": monthly_spend_cap_micros,
+        "monthly_card_cap_micros": monthly_card_cap_micros,
+    }
+    for field, cap in caps.items():
+        team_cap = getattr(team_limits, field)
+        if cap is not None and team_cap is not None and cap > team_cap:
+            raise ValidationFailed(
+                _("A member's monthly cap cannot exceed the team's."), fields={field: "over the team's limit"}
+            )
     return quotas.quota_set(
         user=member,
         account=team.account,
-        limits={"max_eighths": max_eighths, "monthly_spend_cap_micros": monthly_spend_cap_micros},
+        limits={"max_eighths": max_eighths, **caps},
         actor=actor,
         reason="team admin: member cap",
     )

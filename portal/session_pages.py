@@ -29,6 +29,7 @@ from core.errors import ApplicationError, NotFound, ValidationFailed
 from portal.selectors import accounts_payable_by
 from portal.shortcuts import account_or_404
 from provisioner import selectors as prov_selectors
+from provisioner.budgets import Budget, budgets_of
 from provisioner.messages import message
 from provisioner.models import Device, Node, Session
 from provisioner.services.sessions import session_launch, session_stop
@@ -52,9 +53,35 @@ class LaunchQuote:
     runway_seconds: int | None  # at this price alone, from the cards it may use then the wallet
     available_now: int  # how many more of these fit now
     queue_ahead: int  # sessions already waiting for this GPU model
+    budgets: tuple[BudgetLeft, ...] = ()  # the monthly budgets this session would count against
 
 
-def launch_quote(*, account: Account, gpu_model: str, profile: str) -> LaunchQuote | None:
+@dataclass(frozen=True)
+class BudgetLeft:
+    """A monthly budget beside the runway: how much is used, and how long this price runs within it."""
+
+    budget: Budget
+    seconds: int  # at this price (money) or card burn (card-hours), until the budget is reached
+
+
+def _budgets_left(*, user, account: Account, quote) -> tuple[BudgetLeft, ...]:
+    lines = []
+    for budget in budgets_of({(user.id, account.id)}):
+        if not budget.covers(user.id, account.id):
+            continue
+        left = [
+            max(0, cap - used) * 3600 // rate
+            for used, cap, rate in (
+                (budget.spent_micros, budget.spend_cap_micros, quote.price_micros_per_hour),
+                (budget.card_micros, budget.card_cap_micros, quote.card_burn_micros_per_hour),
+            )
+            if cap is not None and rate
+        ]
+        lines.append(BudgetLeft(budget, min(left, default=0)))
+    return tuple(lines)
+
+
+def launch_quote(*, user, account: Account, gpu_model: str, profile: str) -> LaunchQuote | None:
     """The price, card burn, runway and whether it starts now; None when that choice has no price."""
     try:
         quote = price_quote(gpu_model=gpu_model, profile=profile)
@@ -79,6 +106,7 @@ def launch_quote(*, account: Account, gpu_model: str, profile: str) -> LaunchQuo
         runway_seconds=runway,
         available_now=free if not ahead else 0,
         queue_ahead=ahead,
+        budgets=_budgets_left(user=user, account=account, quote=quote),
     )
 
 
@@ -139,6 +167,7 @@ def launch(request: HttpRequest) -> HttpResponse:
     quote = None
     if choice["profile"]:
         quote = launch_quote(
+            user=request.user,
             account=account,
             gpu_model="" if choice["profile"] == "cpu" else choice["gpu_model"],
             profile=choice["profile"],

@@ -22,6 +22,7 @@ from portal.env import (
     database_url,
     email_url,
     env,
+    percents_parts,
     redis_url,
     sso_issuer_url,
     throttle_rate,
@@ -261,10 +262,12 @@ try:  # the beat schedule, in seconds
     _liveness_sweep = env("NODE_LIVENESS_SWEEP_SECONDS", 5.0)
     _queue_dispatch = env("QUEUE_DISPATCH_SECONDS", 10.0)
     _session_limits_sweep = env("SESSION_LIMITS_SWEEP_SECONDS", 15.0)
+    _daily_grants = env("DAILY_GRANTS_SECONDS", 3600.0)
 except ConfigError as exc:
     _fail(str(exc))
 CELERY_BEAT_SCHEDULE = {
     "beat-pulse": {"task": "portal.tasks.beat_pulse", "schedule": _beat_pulse},
+    "portal-daily-grants": {"task": "portal.tasks.daily_grants_task", "schedule": _daily_grants},
     # --- billing schedule (owned by billing) ---
     "billing-metering-tick": {"task": "billing.tasks.metering_tick_task", "schedule": METERING_TICK_SECONDS},
     "billing-card-expire": {"task": "billing.tasks.card_expire_task", "schedule": _card_expire},
@@ -297,6 +300,7 @@ try:
     CARD_MIN_PART_MICROS = env("CARD_MIN_PART_MICROS", 1_000_000)  # one card-hour
     CARD_REDEEM_RATE_PER_MINUTE = env("CARD_REDEEM_RATE_PER_MINUTE", 10)
     CARD_DAILY_GRANT_MICROS = env("CARD_DAILY_GRANT_MICROS", 0)  # off unless set
+    CARD_DAILY_GRANT_ACTIVE_DAYS = env("CARD_DAILY_GRANT_ACTIVE_DAYS", 7)  # who counts as an active user
 except ConfigError as exc:
     _fail(str(exc))
 
@@ -305,13 +309,15 @@ try:
     SESSION_START_TIMEOUT_SECONDS = env("SESSION_START_TIMEOUT_SECONDS", 180)
     SESSION_DEFAULT_MAX_HOURS = env("SESSION_DEFAULT_MAX_HOURS", 8.0)
     SESSION_DEFAULT_IDLE_MINUTES = env("SESSION_DEFAULT_IDLE_MINUTES", 60)
-    SESSION_IDLE_WARN_SECONDS = env("SESSION_IDLE_WARN_SECONDS", 300)
+    SESSION_STOP_WARN_SECONDS = env("SESSION_STOP_WARN_SECONDS", 300)  # idle, funds, longest time, budget
     SESSION_IDLE_GPU_PERCENT = env("SESSION_IDLE_GPU_PERCENT", 5)
     QUEUE_MAX_WAIT_SECONDS = env("QUEUE_MAX_WAIT_SECONDS", 3600)
     QUOTA_DEFAULT_MAX_EIGHTHS = env("QUOTA_DEFAULT_MAX_EIGHTHS", 16)
     QUOTA_DEFAULT_MAX_SESSIONS = env("QUOTA_DEFAULT_MAX_SESSIONS", 4)
     QUOTA_DEFAULT_MAX_SESSION_SECONDS = env("QUOTA_DEFAULT_MAX_SESSION_SECONDS", 86400)
     QUOTA_DEFAULT_MONTHLY_SPEND_CAP_MICROS = env("QUOTA_DEFAULT_MONTHLY_SPEND_CAP_MICROS", 0)  # 0: no cap
+    QUOTA_DEFAULT_MONTHLY_CARD_CAP_MICROS = env("QUOTA_DEFAULT_MONTHLY_CARD_CAP_MICROS", 0)  # 0: no cap
+    BUDGET_ALERT_PERCENTS = env("BUDGET_ALERT_PERCENTS", (50, 80, 100), percents_parts)
     AGENT_HTTP_TIMEOUT_SECONDS = env("AGENT_HTTP_TIMEOUT_SECONDS", 10.0)
     AGENT_HEARTBEAT_INTERVAL_SECONDS = env("AGENT_HEARTBEAT_INTERVAL_SECONDS", 5)
     DEVICE_SAMPLES_KEPT = env("DEVICE_SAMPLES_KEPT", 120)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import login
@@ -20,6 +22,7 @@ from django.views.defaults import page_not_found
 
 from billing.services.topups import amount_parse
 from core.errors import ApplicationError, ValidationFailed
+from core.units import hours_to_micros
 from portal import selectors, services
 from portal import signup as signup_services
 from portal.forms import ProfileForm, SignupForm, TeamCreateForm, TeamInviteForm, TeamJoinForm
@@ -237,16 +240,27 @@ def _team_or_404(request: HttpRequest, slug: str):
     return found
 
 
-def _member_cap_from_form(form) -> tuple[int | None, int | None]:
-    """The member-cap form's two fields: a whole number of eighths and a money amount; empty is no cap."""
+def _member_cap_from_form(form) -> dict[str, int | None]:
+    """The member-cap form's fields: a whole number of eighths, a money amount and card-hours; empty is
+    no cap."""
     raw_eighths, raw_spend = form.get("max_eighths", "").strip(), form.get("spend_cap", "").strip()
-    max_eighths = None
+    raw_card = form.get("card_cap", "").strip()
+    max_eighths = card_cap = None
     if raw_eighths:
         try:
             max_eighths = int(raw_eighths)
         except ValueError:
             raise ValidationFailed(_("The GPU cap is a whole number of eighths.")) from None
-    return max_eighths, amount_parse(amount=raw_spend) if raw_spend else None
+    if raw_card:
+        try:
+            card_cap = hours_to_micros(Decimal(raw_card))
+        except (ArithmeticError, ValueError):
+            raise ValidationFailed(_("The card-hour cap is a number of hours.")) from None
+    return {
+        "max_eighths": max_eighths,
+        "monthly_spend_cap_micros": amount_parse(amount=raw_spend) if raw_spend else None,
+        "monthly_card_cap_micros": card_cap,
+    }
 
 
 @login_required
@@ -277,13 +291,8 @@ def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
                     messages.success(request, _("Role changed."))
             elif action == "cap":
                 member = User.objects.get(memberships__team=team, pk=request.POST.get("member"))
-                max_eighths, spend_cap_micros = _member_cap_from_form(request.POST)
                 services.team_member_cap_set(
-                    team=team,
-                    actor=request.user,
-                    member=member,
-                    max_eighths=max_eighths,
-                    monthly_spend_cap_micros=spend_cap_micros,
+                    team=team, actor=request.user, member=member, **_member_cap_from_form(request.POST)
                 )
                 messages.success(request, _("Cap set for %(name)s.") % {"name": member.username})
             elif action == "leave":

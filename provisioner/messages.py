@@ -32,6 +32,42 @@ TEMPLATES: dict[str, str] = {
     "idle_for": gettext_noop("idle for %(minutes)s minutes"),
     "idle_warning": gettext_noop("No activity: this session stops in about %(minutes)s minutes unless used."),
     "funds_exhausted": gettext_noop("funds exhausted"),
+    "budget_reached": gettext_noop("monthly budget reached"),
+    "stop_warning_idle": gettext_noop(
+        "No activity: this session stops in about %(minutes)s minutes unless it is used. "
+        "Your home folder is kept."
+    ),
+    "stop_warning_funds": gettext_noop(
+        "Funds are running out: this session stops in about %(minutes)s minutes unless you top up or redeem "
+        "a card. Your home folder is kept."
+    ),
+    "stop_warning_max_hours": gettext_noop(
+        "This session reaches its longest time and stops in about %(minutes)s minutes. "
+        "Your home folder is kept."
+    ),
+    "stop_warning_budget_you": gettext_noop(
+        "You reached this month's budget: this session stops in about %(minutes)s minutes. "
+        "Your home folder is kept."
+    ),
+    "stop_warning_budget_team": gettext_noop(
+        "This team reached this month's budget: this session stops in about %(minutes)s minutes. "
+        "Your home folder is kept."
+    ),
+    "stop_warning_budget_member": gettext_noop(
+        "Your share of this team reached this month's budget: this session stops in about %(minutes)s "
+        "minutes. Your home folder is kept."
+    ),
+    "budget_threshold_you": gettext_noop(
+        "You have used %(percent)s%% of this month's budget (%(spent)s spent, %(card_hours)s card-hours)."
+    ),
+    "budget_threshold_team": gettext_noop(
+        "This team has used %(percent)s%% of this month's budget (%(spent)s spent, "
+        "%(card_hours)s card-hours)."
+    ),
+    "budget_threshold_member": gettext_noop(
+        "Your share of this team has used %(percent)s%% of this month's budget (%(spent)s spent, "
+        "%(card_hours)s card-hours)."
+    ),
     "asked_by_owner": gettext_noop("asked by its owner"),
     "from_session_page": gettext_noop("from the session page"),
     "forced_by_admin": gettext_noop("forced by an admin"),

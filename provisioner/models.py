@@ -365,6 +365,9 @@ class Quota(models.Model):
     allowed_profiles = models.JSONField(null=True, blank=True, help_text="Names; null means all.")
     max_session_seconds = models.PositiveIntegerField(null=True, blank=True)
     monthly_spend_cap_micros = models.BigIntegerField(null=True, blank=True)
+    monthly_card_cap_micros = models.BigIntegerField(
+        null=True, blank=True, help_text="Card-hours a month, in micro card-hours."
+    )
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -397,6 +400,7 @@ class Quota(models.Model):
         "allowed_profiles",
         "max_session_seconds",
         "monthly_spend_cap_micros",
+        "monthly_card_cap_micros",
     )
 
     def limits(self) -> dict:

@@ -35,6 +35,7 @@ class Limits:
     allowed_profiles: list[str] | None
     max_session_seconds: int | None
     monthly_spend_cap_micros: int | None
+    monthly_card_cap_micros: int | None = None
 
 
 def _defaults() -> Limits:
@@ -46,6 +47,7 @@ def _defaults() -> Limits:
         None,
         settings.QUOTA_DEFAULT_MAX_SESSION_SECONDS,
         cap or None,
+        settings.QUOTA_DEFAULT_MONTHLY_CARD_CAP_MICROS or None,
     )
 
 
@@ -57,7 +59,13 @@ def _overlay(base: Limits, quota: Quota | None) -> Limits:
 
 
 def _no_limits() -> Limits:
-    return Limits(None, None, None, None, None, None)
+    return Limits(None, None, None, None, None, None, None)
+
+
+def limits_of_quota(quota: Quota | None, *, user_default: bool) -> Limits:
+    """A quota row's limits over the defaults: settings' for a user's own (``user_default``), none for
+    a team's or a member's."""
+    return _overlay(_defaults() if user_default else _no_limits(), quota)
 
 
 def limits_for_user(*, user) -> Limits:
@@ -83,6 +91,7 @@ class Usage:
     sessions: int
     eighths: int
     spend_micros: int
+    card_micros: int = 0  # card-hours burned this month, in micro card-hours
 
 
 def _usage(sessions, *, spend: bool = True) -> Usage:
@@ -91,16 +100,16 @@ def _usage(sessions, *, spend: bool = True) -> Usage:
     live = sessions.filter(state__in=Session.LIVE).aggregate(
         count=Count("id"), eighths=Sum("profile__quota_eighths")
     )
-    spent = 0
+    spent = card = 0
     if spend:
         refs = (
             sessions.filter(created_at__gte=month_start()).annotate(ref=Cast("id", CharField())).values("ref")
         )
         totals = Meter.objects.filter(session_ref__in=refs).aggregate(
-            c=Sum("charged_micros"), a=Sum("accrued_micros")
+            c=Sum("charged_micros"), a=Sum("accrued_micros"), k=Sum("card_charged_micros")
         )
-        spent = (totals["c"] or 0) + (totals["a"] or 0)
-    return Usage(live["count"], live["eighths"] or 0, spent)
+        spent, card = (totals["c"] or 0) + (totals["a"] or 0), totals["k"] or 0
+    return Usage(live["count"], live["eighths"] or 0, spent, card if spend else 0)
 
 
 def usage_of_user(*, user) -> Usage:
@@ -162,6 +171,7 @@ _REFUSALS = {
         ),
         "hours": gettext_lazy("You may run a session for at most %(hours)s hours."),
         "spend": gettext_lazy("You reached this month's spending cap."),
+        "card": gettext_lazy("You reached this month's card-hour budget."),
     },
     "team": {
         "gpu_model": gettext_lazy("This team may not use %(gpu_model)s."),
@@ -173,6 +183,7 @@ _REFUSALS = {
         ),
         "hours": gettext_lazy("This team may run a session for at most %(hours)s hours."),
         "spend": gettext_lazy("This team reached this month's spending cap."),
+        "card": gettext_lazy("This team reached this month's card-hour budget."),
     },
     "member": {
         "gpu_model": gettext_lazy("Your share of this team may not use %(gpu_model)s."),
@@ -186,6 +197,7 @@ _REFUSALS = {
         ),
         "hours": gettext_lazy("Your share of this team may run a session for at most %(hours)s hours."),
         "spend": gettext_lazy("Your share of this team reached this month's spending cap."),
+        "card": gettext_lazy("Your share of this team reached this month's card-hour budget."),
     },
 }
 
@@ -222,6 +234,8 @@ def _check(
         )
     if limits.monthly_spend_cap_micros is not None and usage.spend_micros >= limits.monthly_spend_cap_micros:
         raise QuotaExceeded(str(refusal["spend"]), code="quota_spend")
+    if limits.monthly_card_cap_micros is not None and usage.card_micros >= limits.monthly_card_cap_micros:
+        raise QuotaExceeded(str(refusal["card"]), code="quota_card_hours")
 
 
 @dataclass(frozen=True)
@@ -268,12 +282,15 @@ def quota_admit(
         **{f"e{i}": Sum("profile__quota_eighths", filter=s.sessions) for i, s in enumerate(subjects)},
     )
     for i, subject in enumerate(subjects):
-        spend = 0
-        if subject.limits.monthly_spend_cap_micros is not None:
-            spend = _usage(Session.objects.filter(subject.sessions)).spend_micros
+        month = Usage(0, 0, 0)
+        if (
+            subject.limits.monthly_spend_cap_micros is not None
+            or subject.limits.monthly_card_cap_micros is not None
+        ):
+            month = _usage(Session.objects.filter(subject.sessions))
         _check(
             subject.limits,
-            Usage(totals[f"n{i}"], totals[f"e{i}"] or 0, spend),
+            Usage(totals[f"n{i}"], totals[f"e{i}"] or 0, month.spend_micros, month.card_micros),
             subject=subject.subject,
             gpu_model=gpu_model,
             profile=profile,
@@ -285,7 +302,13 @@ def _clean_limits(limits: dict) -> dict:
     unknown = set(limits) - set(LIMIT_FIELDS)
     if unknown:
         raise ValidationFailed(_("Unknown quota fields."), fields=dict.fromkeys(sorted(unknown), "unknown"))
-    for field in ("max_eighths", "max_sessions", "max_session_seconds", "monthly_spend_cap_micros"):
+    for field in (
+        "max_eighths",
+        "max_sessions",
+        "max_session_seconds",
+        "monthly_spend_cap_micros",
+        "monthly_card_cap_micros",
+    ):
         value = limits.get(field)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise ValidationFailed(_("A limit is a whole number ≥ 0 or empty."), fields={field: "invalid"})

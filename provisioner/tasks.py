@@ -14,6 +14,7 @@ from provisioner import agent_client
 from provisioner.messages import Message, message, message_load
 from provisioner.models import Node, Session
 from provisioner.selectors import workload_spec
+from provisioner.services import limits
 from provisioner.services import sessions as lifecycle
 from provisioner.services.heartbeats import nodes_liveness_sweep
 
@@ -154,7 +155,7 @@ def queue_dispatch_task() -> int:
 
 @shared_task
 def sessions_enforce_limits_task() -> dict:
-    counts = lifecycle.sessions_enforce_limits()
+    counts = limits.sessions_enforce_limits()
     cutoff = timezone.now() - timedelta(seconds=settings.SESSION_START_TIMEOUT_SECONDS)
     for session in Session.objects.filter(state__in=[S.PLACING, S.STARTING], placed_at__lt=cutoff):
         _fail_start(session, message("start_timeout", seconds=settings.SESSION_START_TIMEOUT_SECONDS))

@@ -253,7 +253,7 @@ _RUNWAY_SQL = """
 WITH om AS (
     SELECT account_id, sum(price_micros_per_hour) AS price, sum(card_burn_micros_per_hour) AS burn,
            sum(accrued_micros) AS accrued, array_agg(DISTINCT gpu_model) AS models,
-           bool_or(runway_warned_at IS NULL) AS unwarned,
+           bool_or(runway_warned_at IS NULL) AS unwarned, bool_or(runway_warned_at IS NOT NULL) AS warned,
            bool_or(exhausted_at IS NULL OR exhausted_at <= %(now)s - interval '60 seconds') AS unsignalled
     FROM billing_meter WHERE state = 'open' GROUP BY account_id HAVING sum(price_micros_per_hour) > 0
 ), money AS (
@@ -271,12 +271,12 @@ WITH om AS (
       AND (c.gpu_models = '[]'::jsonb OR c.gpu_models ?| om.models)
     GROUP BY la.owner_id
 ), runway AS (
-    SELECT om.account_id, om.unwarned, om.unsignalled,
+    SELECT om.account_id, om.unwarned, om.warned, om.unsignalled,
            (CASE WHEN om.burn > 0 THEN COALESCE(cards.cards, 0) * 3600 / om.burn ELSE 0 END)
            + (COALESCE(money.money, 0) - om.accrued) * 3600 / om.price AS seconds
     FROM om LEFT JOIN money USING (account_id) LEFT JOIN cards USING (account_id)
 ), low AS MATERIALIZED (
-    SELECT * FROM runway WHERE seconds <= %(warn)s
+    SELECT * FROM runway WHERE seconds <= %(warn)s OR (warned AND seconds > 2 * %(warn)s)
 )
 SELECT low.account_id, array_agg(m.session_ref ORDER BY m.id), low.seconds, low.unwarned, low.unsignalled
 FROM low JOIN billing_meter m ON m.account_id = low.account_id AND m.state = 'open'
@@ -511,38 +511,49 @@ def _allocate(meter: dict, account_cards: list[tuple], balance: dict[int, int]) 
 
 
 def _signal_runway(cursor, now: datetime) -> list[str]:
-    cursor.execute(
-        _RUNWAY_SQL, {"now": now, "unit": money_unit(), "warn": settings.BILLING_RUNWAY_WARN_SECONDS}
-    )
+    """Find the accounts whose runway is short, gone, or back above twice the warning (funds were
+    added since a warning); mark their meters and send the signals after commit. Returns the refs of
+    the sessions whose funds are exhausted."""
+    warn = settings.BILLING_RUNWAY_WARN_SECONDS
+    cursor.execute(_RUNWAY_SQL, {"now": now, "unit": money_unit(), "warn": warn})
     exhausted_refs: list[str] = []
     low: list[tuple[int, int, list[str]]] = []
+    recovered: list[tuple[int, list[str]]] = []
     for account_id, refs, seconds, unwarned, unsignalled in cursor.fetchall():
-        if seconds <= 0:
+        if seconds > warn:
+            recovered.append((account_id, refs))
+        elif seconds <= 0:
             if unsignalled:
                 exhausted_refs += refs
         elif unwarned:
             low.append((account_id, int(seconds), refs))
-    if exhausted_refs:
-        # only rows this tick can lock at once: it never waits on a meter (see the lock order above)
-        cursor.execute(
-            "UPDATE billing_meter SET exhausted_at = %s WHERE id IN (SELECT id FROM billing_meter "
-            "WHERE session_ref = ANY(%s) ORDER BY id FOR UPDATE SKIP LOCKED)",
-            [now, exhausted_refs],
-        )
-    if low:
-        cursor.execute(
-            "UPDATE billing_meter SET runway_warned_at = %s WHERE id IN (SELECT id FROM billing_meter "
-            "WHERE state = 'open' AND account_id = ANY(%s) ORDER BY id FOR UPDATE SKIP LOCKED)",
-            [now, [a for a, _s, _r in low]],
-        )
+    _meters_mark(cursor, "exhausted_at", now, refs=exhausted_refs)
+    _meters_mark(cursor, "runway_warned_at", now, accounts=[a for a, _s, _r in low])
+    _meters_mark(cursor, "runway_warned_at", None, accounts=[a for a, _r in recovered])
 
     def send() -> None:
         for account_id, seconds, refs in low:
             signals.runway_low.send(
                 sender=Meter, account_id=account_id, runway_seconds=seconds, session_refs=refs
             )
+        for account_id, refs in recovered:
+            signals.runway_recovered.send(sender=Meter, account_id=account_id, session_refs=refs)
         if exhausted_refs:
             signals.funds_exhausted.send(sender=Meter, session_refs=exhausted_refs)
+        signals.metered.send(sender=Meter, at=now)
 
     transaction.on_commit(send)
     return exhausted_refs
+
+
+def _meters_mark(cursor, column: str, value: datetime | None, *, refs=(), accounts=()) -> None:
+    """Set ``column`` on the open meters of these sessions or accounts: only rows this tick can lock at
+    once (it never waits on a meter; see the lock order above)."""
+    if not refs and not accounts:
+        return
+    where, args = ("session_ref = ANY(%s)", list(refs)) if refs else ("account_id = ANY(%s)", list(accounts))
+    cursor.execute(
+        f"UPDATE billing_meter SET {column} = %s WHERE id IN (SELECT id FROM billing_meter "  # noqa: S608
+        f"WHERE state = 'open' AND {where} ORDER BY id FOR UPDATE SKIP LOCKED)",
+        [value, args],
+    )

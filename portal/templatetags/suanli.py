@@ -9,12 +9,11 @@ from django.conf import settings
 from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext as _
 
-from core.units import micros_to_hours
+from core.units import micros_to_hours, money_text
 from provisioner.models import Session
 
 register = template.Library()
 
-CURRENCY_SYMBOLS = {"CNY": "¥", "USD": "$", "EUR": "€", "GBP": "£", "JPY": "¥", "HKD": "HK$", "SGD": "S$"}
 MICROS = Decimal(1_000_000)
 
 
@@ -23,12 +22,7 @@ def money(micros: int | None, places: int = 2) -> str:
     """``12345678`` micros → ``¥12.35`` in the site currency."""
     if micros is None:
         return "—"
-    amount = (Decimal(int(micros)) / MICROS).quantize(
-        Decimal(1).scaleb(-int(places)), rounding=ROUND_HALF_EVEN
-    )
-    symbol = CURRENCY_SYMBOLS.get(settings.SITE_CURRENCY, settings.SITE_CURRENCY + " ")
-    sign = "-" if amount < 0 else ""
-    return f"{sign}{symbol}{abs(amount):,}"
+    return money_text(int(micros), currency=settings.SITE_CURRENCY, places=int(places))
 
 
 @register.filter
@@ -46,6 +40,14 @@ def amount(micros: int | None) -> str:
     if micros is None:
         return ""
     return f"{(Decimal(int(micros)) / MICROS).quantize(Decimal('0.01'), rounding=ROUND_HALF_EVEN)}"
+
+
+@register.filter
+def hours_value(micros: int | None) -> str:
+    """Card-hour micros → ``12.5``: hours for a form field, without the unit."""
+    if micros is None:
+        return ""
+    return f"{micros_to_hours(int(micros)).normalize():f}"
 
 
 @register.filter

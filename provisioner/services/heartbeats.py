@@ -21,7 +21,7 @@ from django.utils.dateparse import parse_datetime
 from billing.services.metering import meter_alive
 from core.errors import Conflict, ValidationFailed
 from provisioner.messages import message
-from provisioner.models import Allocation, Device, DeviceSample, GpuModel, Node, Session
+from provisioner.models import Allocation, Device, DeviceSample, GpuModel, Node, Session, StopWarning
 from provisioner.selectors import desired_workloads
 from provisioner.services import sessions as lifecycle
 
@@ -385,6 +385,9 @@ def _record_workloads(node: Node, workloads: list[dict], now: datetime) -> None:
         meter_alive(session_refs=alive, alive_at=now)
     if active:
         Session.objects.filter(id__in=active).update(last_active_at=now, idle_warned_at=None)
+        StopWarning.objects.filter(
+            session_id__in=active, kind=StopWarning.Kind.IDLE, cleared_at__isnull=True
+        ).update(cleared_at=now)
     listed_live = {sid for sid, w in reported.items() if w["state"] in ("starting", "running")}
     _unlisted_sessions_end(node, listed_live=listed_live, now=now)
 

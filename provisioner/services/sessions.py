@@ -36,7 +36,7 @@ from core.errors import ApplicationError, NotFound, RateLimited, ValidationFaile
 from core.throttle import attempt_count
 from provisioner import enqueue
 from provisioner.messages import Message, message, message_columns
-from provisioner.models import Environment, GpuModel, Node, Profile, Session, SessionEvent
+from provisioner.models import Environment, GpuModel, Node, Profile, Session, SessionEvent, StopWarning
 from provisioner.placement import allocation_free, allocation_place, cpu_node_pick, free_index
 from provisioner.quotas import quota_admit, quota_subjects
 from provisioner.sealing import new_token, seal
@@ -436,6 +436,7 @@ def session_end(
     with transaction.atomic():
         if _transition(session_id, from_states=from_states, to=to, reason=reason, at=ended_at) is None:
             return False
+        StopWarning.objects.filter(session_id=session_id, cleared_at__isnull=True).update(cleared_at=ended_at)
         last_alive = Session.objects.filter(id=session_id).values_list("last_alive_at", flat=True).first()
         with contextlib.suppress(NotFound):  # never ran: nothing was metered
             meter_close(
@@ -549,61 +550,6 @@ def queue_dispatch(*, now: datetime | None = None) -> int:
         except IntegrityError:
             log.exception("queue dispatch of %s", session.id)
     return placed
-
-
-# --- limits: longest session and idle ------------------------------------------------------------------
-
-
-def sessions_enforce_limits(*, now: datetime | None = None) -> dict[str, int]:
-    """Stop running sessions past their longest time, or idle past their idle time (warned first, once).
-    Returns counts. Each stop is a conditional update; safe to run anywhere, any time."""
-    now = now or timezone.now()
-    counts = {"max_duration": 0, "idle": 0, "warned": 0}
-    running = Session.objects.filter(state=S.RUNNING).values_list(
-        "id", "running_at", "max_seconds", "idle_seconds", "last_active_at", "idle_warned_at"
-    )
-    for session_id, running_at, max_seconds, idle_seconds, last_active_at, warned_at in running:
-        if running_at and now - running_at >= timedelta(seconds=max_seconds):
-            session_stop(session=Session(id=session_id), actor=None, reason=message("longest_reached"))
-            counts["max_duration"] += 1
-            continue
-        if not idle_seconds:
-            continue
-        idle_for = (now - (last_active_at or running_at or now)).total_seconds()
-        if idle_for >= idle_seconds:
-            session_stop(
-                session=Session(id=session_id),
-                actor=None,
-                reason=message("idle_for", minutes=int(idle_for) // 60),
-            )
-            counts["idle"] += 1
-        elif (
-            idle_for >= max(0, idle_seconds - settings.SESSION_IDLE_WARN_SECONDS)
-            and warned_at is None
-            and Session.objects.filter(id=session_id, idle_warned_at__isnull=True).update(idle_warned_at=now)
-        ):
-            left = int(idle_seconds - idle_for)
-            session_event(
-                session_id=session_id,
-                kind="idle_warning",
-                line=message("idle_warning", minutes=max(1, left // 60)),
-            )
-            counts["warned"] += 1
-    return counts
-
-
-def sessions_stop_for_funds(*, session_refs: list[str]) -> int:
-    """Billing's ``funds_exhausted``: stop those sessions (reason "funds exhausted")."""
-    stopped = 0
-    for ref in session_refs:
-        try:
-            session = Session.objects.filter(id=uuid.UUID(str(ref))).first()
-        except ValueError:
-            continue  # not one of ours (billing meters other references too)
-        if session is not None and session.state in Session.LIVE:
-            session_stop(session=session, actor=None, reason=message("funds_exhausted"))
-            stopped += 1
-    return stopped
 
 
 def node_sessions_lost(*, node: Node, reason: Message | str) -> int:

@@ -54,9 +54,12 @@ def test_members_see_roles_spend_and_caps_and_only_managers_see_invites(course):
     body = as_member.json()
     assert body["role"] == "member" and body["account_id"] == team.account_id
     assert body["limits"]["max_eighths"] == 8 and body["limits"]["monthly_spend_cap_micros"] == 100_000_000
-    assert body["usage"] == {"sessions": 0, "eighths": 0, "spend_micros": 0}
+    assert body["usage"] == {"sessions": 0, "eighths": 0, "spend_micros": 0, "card_micros": 0}
     assert {(m["username"], m["role"]) for m in body["members"]} == {("lead", "owner"), ("stu", "member")}
-    assert all(m["cap"] == {"max_eighths": None, "monthly_spend_cap_micros": None} for m in body["members"])
+    assert all(
+        m["cap"] == {"max_eighths": None, "monthly_spend_cap_micros": None, "monthly_card_cap_micros": None}
+        for m in body["members"]
+    )
     assert body["invites"] is None
     invite = team.invites.get()
     as_owner = _client(lead).get(f"/api/v1/teams/{team.slug}").json()
@@ -68,19 +71,24 @@ def test_an_owner_caps_a_member_inside_the_team_quota_audited(course):
     team, lead, student = course
     client = _client(lead)
     url = f"/api/v1/teams/{team.slug}/members/{student.pk}/cap"
-    response = client.put(url, {"max_eighths": 2, "monthly_spend_cap_micros": 10_000_000}, format="json")
+    caps = {"max_eighths": 2, "monthly_spend_cap_micros": 10_000_000, "monthly_card_cap_micros": 3_000_000}
+    response = client.put(url, caps, format="json")
     assert response.status_code == 200, response.content
-    assert response.json()["cap"] == {"max_eighths": 2, "monthly_spend_cap_micros": 10_000_000}
+    assert response.json()["cap"] == caps
     assert response.json()["username"] == "stu"
     quota = Quota.objects.get(user=student, account=team.account)
-    assert (quota.max_eighths, quota.monthly_spend_cap_micros) == (2, 10_000_000)
+    assert (quota.max_eighths, quota.monthly_spend_cap_micros, quota.monthly_card_cap_micros) == (
+        2,
+        10_000_000,
+        3_000_000,
+    )
     audit = AuditEntry.objects.filter(action="quota.set", actor=lead).latest("id")
     assert audit.after["max_eighths"] == 2
     shown = client.get(f"/api/v1/teams/{team.slug}").json()["members"]
     assert {m["username"]: m["cap"]["max_eighths"] for m in shown} == {"lead": None, "stu": 2}
 
     cleared = client.put(url, {"max_eighths": None, "monthly_spend_cap_micros": None}, format="json")
-    assert cleared.json()["cap"] == {"max_eighths": None, "monthly_spend_cap_micros": None}
+    assert cleared.json()["cap"] == dict.fromkeys(caps)
 
 
 @pytest.mark.parametrize(

@@ -13,12 +13,12 @@ from billing.models import Meter
 from billing.services.metering import metering_tick
 from provisioner.models import Allocation, Session, SessionEvent
 from provisioner.services.heartbeats import nodes_liveness_sweep
+from provisioner.services.limits import sessions_enforce_limits
 from provisioner.services.sessions import (
     queue_dispatch,
     session_launch,
     session_mark_running,
     session_stop,
-    sessions_enforce_limits,
 )
 from provisioner.tasks import session_start_task, sessions_enforce_limits_task
 from tests.provisioner.conftest import A100, ENV, beat, gpu, make_node, make_user, workload_status
@@ -98,7 +98,7 @@ def test_the_limits_sweep_fails_starts_that_hang(node, sent_tasks, settings):
 
 
 def test_an_idle_session_is_warned_then_stopped(node, sent_tasks, settings):
-    settings.SESSION_IDLE_WARN_SECONDS = 300
+    settings.SESSION_STOP_WARN_SECONDS = 300
     session = running(node, launch(idle_minutes=10))
     start = session.last_active_at
     assert sessions_enforce_limits(now=start + timedelta(seconds=200)) == {
@@ -108,7 +108,7 @@ def test_an_idle_session_is_warned_then_stopped(node, sent_tasks, settings):
     }
     assert sessions_enforce_limits(now=start + timedelta(seconds=320))["warned"] == 1
     warning = SessionEvent.objects.get(session=session, kind="idle_warning")
-    assert "stops in about" in warning.message
+    assert "stops in about" in warning.message and "home folder is kept" in warning.message
     assert sessions_enforce_limits(now=start + timedelta(seconds=400))["warned"] == 0  # warned once
     assert sessions_enforce_limits(now=start + timedelta(seconds=601))["idle"] == 1
     session.refresh_from_db()
@@ -121,7 +121,7 @@ def test_an_idle_session_is_warned_then_stopped(node, sent_tasks, settings):
 
 
 def test_activity_resets_the_idle_clock_and_the_warning(node, sent_tasks, settings):
-    settings.SESSION_IDLE_WARN_SECONDS = 300
+    settings.SESSION_STOP_WARN_SECONDS = 300
     session = running(node, launch(idle_minutes=10))
     Session.objects.filter(id=session.id).update(
         last_active_at=timezone.now() - timedelta(seconds=400), idle_warned_at=timezone.now()
