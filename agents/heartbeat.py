@@ -131,7 +131,7 @@ class Heartbeats(threading.Thread):
     def beat(self) -> float:
         """One heartbeat and convergence; the delay before the next."""
         workloads = self.workloads
-        children = children_by_parent()
+        children = children_by_parent() if any(w.live for w in workloads.all()) else {}
         body = build_heartbeat(
             listen_url=self.listen_url,
             runtime=self.runtime_name,
