@@ -1,7 +1,8 @@
 """Heartbeats to the portal, and convergence to the ``desired_workloads`` in each answer.
 
 ``build_heartbeat`` makes the body: one pass of NVML metric calls over cached handles and the
-cached inventory, one /proc walk per workload for its process ids; nothing rediscovered.
+cached inventory, one /proc scan for every workload's process ids and CPU time, and each running
+workload's Jupyter asked for its activity (at once, within a second); nothing rediscovered.
 While the portal cannot be reached the agent backs off (doubling, capped) and touches nothing:
 every workload keeps running.
 """
@@ -20,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from agents import __version__
 from agents.gpuplan import HostGpuTools, served_policies
 from agents.nvml import GpuReader
+from agents.runtimes.launcher import children_by_parent
 from agents.workloads import Workload, Workloads
 
 log = logging.getLogger("agents.heartbeat")
@@ -35,7 +37,11 @@ def build_heartbeat(
     pids_by_session: Mapping[str, set[int]],
     gpu_of_session: Mapping[str, str] | None = None,
     tools: HostGpuTools | None = None,
+    activity: Mapping[str, dict] | None = None,
 ) -> dict:
+    """The heartbeat's body; ``activity`` is ``Workloads.activity()``, which the running workloads'
+    statuses carry with their GPU figures (docs/AGENT_PROTOCOL.md)."""
+    activity = activity or {}
     metrics, per_session = reader.metrics(pids_by_session, gpu_of_session)
     return {
         "capabilities": {"sharing_policies": served_policies(tools or HostGpuTools())},
@@ -44,7 +50,7 @@ def build_heartbeat(
         "runtime": runtime,
         "inventory": reader.inventory(),
         "metrics": metrics,
-        "workloads": [w.status(per_session.get(w.session_id)) for w in workloads],
+        "workloads": [w.status(per_session.get(w.session_id), activity.get(w.session_id)) for w in workloads],
     }
 
 
@@ -125,14 +131,16 @@ class Heartbeats(threading.Thread):
     def beat(self) -> float:
         """One heartbeat and convergence; the delay before the next."""
         workloads = self.workloads
+        children = children_by_parent() if any(w.live for w in workloads.all()) else {}
         body = build_heartbeat(
             listen_url=self.listen_url,
             runtime=self.runtime_name,
             reader=workloads.reader,
             workloads=workloads.all(),
-            pids_by_session=workloads.pids_by_session(),
+            pids_by_session=workloads.pids_by_session(children),
             gpu_of_session=workloads.gpu_of_session(),
             tools=workloads.tools,
+            activity=workloads.activity(children),
         )
         try:
             answer = post_heartbeat(self.portal, self.token, body)

@@ -18,12 +18,14 @@ import os
 import shutil
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from agents import gateway
+from agents.activity import jupyter_activity
 from agents.gpuplan import GpuPlan, HostGpuTools, PlanError, cpu_plan, gpu_plan
 from agents.mps import MpsDaemons, MpsError
 from agents.nvml import GpuReader
@@ -89,7 +91,9 @@ class Workload:
             "last_alive_at": self.last_alive_at,
         }
 
-    def status(self, figures: dict | None = None) -> dict:
+    def status(self, figures: dict | None = None, activity: dict | None = None) -> dict:
+        """The workload's status (docs/AGENT_PROTOCOL.md): ``figures`` are its GPU figures from NVML
+        (agents/nvml/reader.py), ``activity`` what ``Workloads.activity`` found of it while it runs."""
         figures = figures or {}
         return {
             "session_id": self.session_id,
@@ -101,6 +105,16 @@ class Workload:
             "gpu_plan": self.plan.wire,
             "gpu_util_percent": figures.get("gpu_util_percent"),
             "gpu_memory_used_mib": figures.get("gpu_memory_used_mib"),
+            **({"activity": self._activity(figures, activity)} if activity is not None else {}),
+        }
+
+    @staticmethod
+    def _activity(figures: dict, activity: dict) -> dict:
+        return {
+            "jupyter": activity.get("jupyter"),
+            "cpu_seconds": activity.get("cpu_seconds"),
+            "gpu_util_percent": figures.get("gpu_util_percent"),
+            "gpu_memory_bytes": figures.get("gpu_memory_bytes"),
         }
 
     @property
@@ -368,14 +382,41 @@ class Workloads:
         except (OSError, gateway.GatewayError, http.client.HTTPException) as exc:
             log.info("warm-up of %s: %s", workload.session_id, exc)
 
-    def pids_by_session(self) -> dict[str, set[int]]:
+    def pids_by_session(self, children: dict[int, list[int]] | None = None) -> dict[str, set[int]]:
         gpu_workloads = [
             w for w in self.all() if w.live and w.handle is not None and w.plan.device_uuid is not None
         ]
         if not gpu_workloads:
             return {}
-        children = children_by_parent()
+        children = children_by_parent() if children is None else children
         return {w.session_id: self.runtime.pids(w.handle, children) for w in gpu_workloads}
+
+    def activity(self, children: dict[int, list[int]] | None = None) -> dict[str, dict]:
+        """Per running workload, ``{"jupyter", "cpu_seconds"}``: its JupyterLab's activity, asked of
+        every workload at once (each answer within JUPYTER_TIMEOUT_SECONDS, so a heartbeat waits about
+        that long at most), and the CPU seconds of its processes (one /proc scan for all). A workload
+        that cannot say gets nulls; nothing here raises."""
+        running = [w for w in self.all() if w.state == "running" and w.handle is not None]
+        if not running:
+            return {}
+        children = children_by_parent() if children is None else children
+        with ThreadPoolExecutor(max_workers=min(8, len(running)), thread_name_prefix="activity") as pool:
+            jupyter = list(pool.map(self._jupyter_activity, running))
+        return {
+            w.session_id: {"jupyter": found, "cpu_seconds": self._cpu_seconds(w, children)}
+            for w, found in zip(running, jupyter, strict=True)
+        }
+
+    def _jupyter_activity(self, workload: Workload) -> dict | None:
+        token = workload.token or self.runtime.jupyter_token(workload.handle)
+        return jupyter_activity(workload.handle, token)
+
+    def _cpu_seconds(self, workload: Workload, children: dict[int, list[int]]) -> float | None:
+        try:
+            return self.runtime.cpu_seconds(workload.handle, children)
+        except Exception:  # noqa: BLE001 - a racing container or an engine away: no figure, still a beat
+            log.info("no CPU figure for %s", workload.session_id, exc_info=True)
+            return None
 
     def gpu_of_session(self) -> dict[str, str]:
         return {w.session_id: w.plan.gpu_uuid for w in self.all() if w.plan.gpu_uuid is not None}

@@ -311,6 +311,10 @@ try:
     SESSION_DEFAULT_IDLE_MINUTES = env("SESSION_DEFAULT_IDLE_MINUTES", 60)
     SESSION_STOP_WARN_SECONDS = env("SESSION_STOP_WARN_SECONDS", 300)  # idle, funds, longest time, budget
     SESSION_IDLE_GPU_PERCENT = env("SESSION_IDLE_GPU_PERCENT", 5)
+    # The idle stop's other signs of use (provisioner/services/heartbeats.py): CPU in percent of one
+    # core since the previous heartbeat, and whether a browser connected to a kernel counts.
+    SESSION_IDLE_CPU_PERCENT = env("SESSION_IDLE_CPU_PERCENT", 5.0)
+    SESSION_IDLE_COUNT_CONNECTED = env("SESSION_IDLE_COUNT_CONNECTED", True)
     QUEUE_MAX_WAIT_SECONDS = env("QUEUE_MAX_WAIT_SECONDS", 3600)
     QUOTA_DEFAULT_MAX_EIGHTHS = env("QUOTA_DEFAULT_MAX_EIGHTHS", 16)
     QUOTA_DEFAULT_MAX_SESSIONS = env("QUOTA_DEFAULT_MAX_SESSIONS", 4)

@@ -118,6 +118,18 @@ class Metrics:
 
 
 @dataclass(frozen=True)
+class IdleRule:
+    """What the idle stop counts as idle (provisioner/services/heartbeats.py ``_in_use``): no kernel or
+    terminal activity, no browser connected (when ``count_connected``), CPU under ``cpu_percent`` of
+    one core and the session's GPU under ``gpu_percent`` (None: a CPU session), for ``idle_seconds``."""
+
+    idle_seconds: int
+    cpu_percent: float
+    gpu_percent: int | None
+    count_connected: bool
+
+
+@dataclass(frozen=True)
 class SessionView:
     """What every reader of a session shows; the API's ``SessionOut``, ``SessionDetailOut`` and
     ``MetricsOut`` render it as it is."""
@@ -142,6 +154,7 @@ class SessionView:
     lab_url: str | None  # the way into its JupyterLab; None unless it is running and reachable
     gpu_util_percent: int | None  # of its own processes, as the agent last reported
     metrics: Metrics
+    idle_rule: IdleRule | None  # None: no idle stop
 
 
 def session_view(session: Session, *, now: datetime | None = None) -> SessionView:
@@ -189,9 +202,21 @@ def session_views(
             lab_url=selectors.session_lab_url(s) if s.state == S.RUNNING and s.upstream else None,
             gpu_util_percent=s.gpu_util_percent,
             metrics=_metrics(s, by_session, samples=samples),
+            idle_rule=_idle_rule(s),
         )
         for s in sessions
     ]
+
+
+def _idle_rule(session: Session) -> IdleRule | None:
+    if not session.idle_seconds:
+        return None
+    return IdleRule(
+        idle_seconds=session.idle_seconds,
+        cpu_percent=settings.SESSION_IDLE_CPU_PERCENT,
+        gpu_percent=settings.SESSION_IDLE_GPU_PERCENT if session.gpu_model_id else None,
+        count_connected=settings.SESSION_IDLE_COUNT_CONNECTED,
+    )
 
 
 def _cost(session: Session, cost: MeterCost | None) -> Cost | None:

@@ -5,6 +5,12 @@ raises pynvml's own ``NVMLError_*`` classes, so the agent's inventory and metric
 unchanged over it. Processes "use" a fake GPU when their environment's ``CUDA_VISIBLE_DEVICES``
 names the GPU (or one of its MIG devices): that is how a workload started by the agent shows up in
 the per-process figures, as it would on a real host.
+
+A fake GPU runs nothing, so what such a process "uses" is not measured: each one reports the fleet's
+``process_sm_util_percent`` and ``process_memory_mib`` for its GPU (10 % and 256 MiB unless the file
+says otherwise), every time, which is what a session's GPU activity then reads. Tests that need other
+figures for given pids set them with ``set_processes``. As on real hardware, a GPU in MIG mode gives
+per-process memory but no per-process utilisation.
 """
 
 from __future__ import annotations

@@ -130,16 +130,19 @@ class GpuReader:
         pids_by_session: Mapping[str, set[int]] | None = None,
         gpu_of_session: Mapping[str, str] | None = None,
     ) -> tuple[dict, dict[str, dict]]:
-        """The ``metrics`` object, and per session ``{"gpu_util_percent", "gpu_memory_used_mib"}``.
+        """The ``metrics`` object, and per session ``{"gpu_util_percent", "gpu_memory_used_mib",
+        "gpu_memory_bytes"}``: the GPU use of the session's own processes.
 
-        A session's figures sum NVML's per-process samples over the session's process ids; they are
+        A session's figures sum NVML's per-process samples over the session's process ids (on a MIG
+        device, the processes NVML lists on that device); they are
         None where NVML cannot say (e.g. per-process utilisation in MIG mode), and 0 when NVML can
         say and lists none of its processes on its GPU (``gpu_of_session``: the physical GPU's UUID).
         """
         self.inventory()
         session_of_pid = {pid: sid for sid, pids in (pids_by_session or {}).items() for pid in pids}
         per_session: dict[str, dict] = {
-            sid: {"gpu_util_percent": None, "gpu_memory_used_mib": None} for sid in (pids_by_session or {})
+            sid: dict.fromkeys(("gpu_util_percent", "gpu_memory_used_mib", "gpu_memory_bytes"))
+            for sid in (pids_by_session or {})
         }
         gpus = []
         with self._lock:
@@ -169,6 +172,9 @@ class GpuReader:
             gpus.append(figures)
             if gpu["health"] == "ok":
                 gpus += self._mig_figures(migs, like=figures)
+        for figures in per_session.values():
+            if figures["gpu_memory_bytes"] is not None:
+                figures["gpu_memory_used_mib"] = figures["gpu_memory_bytes"] // _MIB
         collected_at = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
         return {"collected_at": collected_at, "gpus": gpus}, per_session
 
@@ -219,15 +225,15 @@ class GpuReader:
             processes = self._call("nvmlDeviceGetComputeRunningProcesses", device_handle)
             if processes is not None:
                 for figures in on_this_gpu.values():
-                    figures["gpu_memory_used_mib"] = figures["gpu_memory_used_mib"] or 0
+                    figures["gpu_memory_bytes"] = figures["gpu_memory_bytes"] or 0
                 for process in processes:
                     sid = session_of_pid.get(process.pid)
                     if sid is None:
                         continue
                     used = getattr(process, "usedGpuMemory", None)
                     figures = per_session[sid]
-                    figures["gpu_memory_used_mib"] = (figures["gpu_memory_used_mib"] or 0) + (
-                        used // _MIB if isinstance(used, int) else 0
+                    figures["gpu_memory_bytes"] = (figures["gpu_memory_bytes"] or 0) + (
+                        used if isinstance(used, int) else 0
                     )
         if gpu["mig_mode"]:
             return  # NVML has no per-process utilisation in MIG mode

@@ -20,6 +20,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, ClassVar, Self
 
+from agents.activity import process_cpu_seconds
 from agents.gateway import GatewayError, local_get
 from agents.gpuplan import GpuPlan
 from agents.spec import WorkloadSpec
@@ -137,6 +138,13 @@ class Runtime:
         """Host process ids of the workload, to map NVML's per-process figures to it. ``children``
         is one /proc scan (parent → children) shared by every workload of a heartbeat."""
         return set()
+
+    def cpu_seconds(
+        self, handle: RuntimeHandle, children: dict[int, list[int]] | None = None
+    ) -> float | None:
+        """Cumulative CPU seconds of the workload (its process tree here; a runtime whose workloads
+        have a cgroup of their own reads the cgroup's); None when unknown."""
+        return process_cpu_seconds(self.pids(handle, children))
 
     def jupyter_token(self, handle: RuntimeHandle) -> str | None:
         """The workload's Jupyter token when the agent lost it from memory (a restart); None when

@@ -24,6 +24,7 @@ import docker.errors
 import docker.types
 
 from agents import egress
+from agents.activity import cgroup_cpu_seconds
 from agents.gpuplan import GpuPlan, enforcement
 from agents.runtimes.base import Runtime, RuntimeHandle, RuntimeStartError
 from agents.spec import WorkloadSpec
@@ -211,6 +212,12 @@ class DockerRuntime(Runtime):
         except Exception:  # noqa: BLE001 - metrics must not fail on a racing container
             return set()
         return {int(row[0]) for row in top.get("Processes") or [] if row and row[0].isdigit()}
+
+    def cpu_seconds(self, handle: DockerHandle, children: dict[int, list[int]] | None = None) -> float | None:
+        """The container's cgroup ``cpu.stat``: every process it ran, reaped or not."""
+        container = self._container(handle)
+        pid = container.attrs.get("State", {}).get("Pid") if container is not None else None
+        return cgroup_cpu_seconds(pid) if pid else None
 
     def stop(self, handle: DockerHandle) -> None:
         container = self._container(handle)

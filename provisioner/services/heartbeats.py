@@ -7,6 +7,7 @@ before anything is written, so a refused heartbeat leaves no trace.
 
 from __future__ import annotations
 
+import math
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -21,7 +22,16 @@ from django.utils.dateparse import parse_datetime
 from billing.services.metering import meter_alive
 from core.errors import Conflict, ValidationFailed
 from provisioner.messages import message
-from provisioner.models import Allocation, Device, DeviceSample, GpuModel, Node, Session, StopWarning
+from provisioner.models import (
+    SLOTS_PER_GPU,
+    Allocation,
+    Device,
+    DeviceSample,
+    GpuModel,
+    Node,
+    Session,
+    StopWarning,
+)
 from provisioner.selectors import desired_workloads
 from provisioner.services import sessions as lifecycle
 
@@ -74,6 +84,45 @@ def enforcement_clean(value) -> dict | None:
             return None
         cleaned[key] = {"enforced": part["enforced"], "by": part["by"]}
     return cleaned
+
+
+def _count(value) -> int | None:
+    return value if _is_int(value) and value >= 0 else None
+
+
+def _figure(value, *, top: float) -> float | None:
+    """A figure in 0..top, or None (NaN and infinities included: Python's JSON reads them)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if not math.isfinite(value) or not 0 <= value <= top:
+        return None
+    return float(value)
+
+
+def _instant(value) -> datetime | None:
+    try:
+        at = parse_datetime(value) if isinstance(value, str) else None
+    except ValueError:  # well formed but no such time
+        return None
+    if at is not None and timezone.is_naive(at):
+        at = timezone.make_aware(at, UTC)
+    return at
+
+
+def activity_clean(value) -> dict:
+    """A workload's ``activity`` report (docs/AGENT_PROTOCOL.md) flattened, each figure None where the
+    agent sent none or garbage: a node that reports nonsense loses that sign of use, not its
+    heartbeat."""
+    value = value if isinstance(value, dict) else {}
+    jupyter = value.get("jupyter") if isinstance(value.get("jupyter"), dict) else {}
+    return {
+        "last_activity": _instant(jupyter.get("last_activity")),
+        "busy_kernels": _count(jupyter.get("busy_kernels")),
+        "connections": _count(jupyter.get("connections")),
+        "cpu_seconds": _figure(value.get("cpu_seconds"), top=1e12),
+        "gpu_util_percent": _figure(value.get("gpu_util_percent"), top=100),
+        "gpu_memory_bytes": _count(value.get("gpu_memory_bytes")),
+    }
 
 
 def heartbeat_validate(body) -> dict:
@@ -195,7 +244,7 @@ def _workloads_errors(workloads) -> dict[str, str]:
             continue
         if status.get("state") not in WORKLOAD_STATES:
             errors[f"workloads.{i}.state"] = f"must be one of {', '.join(WORKLOAD_STATES)}"
-        for key in ("upstream", "exit_reason", "last_activity"):
+        for key in ("upstream", "exit_reason"):
             if status.get(key) is not None and not isinstance(status[key], str):
                 errors[f"workloads.{i}.{key}"] = "must be a string or null"
         if not _num_or_none(status.get("gpu_util_percent")):
@@ -312,7 +361,8 @@ DELETE FROM provisioner_devicesample WHERE id IN (
 """
 
 
-def _record_metrics(metrics: dict, devices: dict[str, Device], now: datetime) -> None:
+def _record_metrics(metrics: dict, devices: dict[str, Device], now: datetime) -> dict[int, float]:
+    """Store each device's figures and a sample of them; returns each device's utilisation by id."""
     collected = parse_datetime(str(metrics.get("collected_at") or "")) or now
     if timezone.is_naive(collected):
         collected = timezone.make_aware(collected, UTC)
@@ -339,6 +389,7 @@ def _record_metrics(metrics: dict, devices: dict[str, Device], now: datetime) ->
         DeviceSample.objects.bulk_create(samples)
         with connection.cursor() as cursor:
             cursor.execute(_PRUNE_SQL, [[s.device_id for s in samples], settings.DEVICE_SAMPLES_KEPT])
+    return {s.device_id: s.gpu_util_percent for s in samples if s.gpu_util_percent is not None}
 
 
 def _small(value, *, top: int = 32767) -> int | None:
@@ -353,15 +404,19 @@ def _session_uuid(raw: str) -> uuid.UUID | None:
         return None
 
 
-def _record_workloads(node: Node, workloads: list[dict], now: datetime) -> None:
+def _record_workloads(
+    node: Node, workloads: list[dict], now: datetime, device_util: dict[int, float]
+) -> None:
     """Apply what the agent reports of each of its workloads to the session, then end what it no longer
-    runs. Reports of sessions not placed on this node are ignored (the agent stops them as orphans)."""
+    runs; a session in use restarts its idle clock and clears its live idle warning. Reports of
+    sessions not placed on this node are ignored (the agent stops them as orphans). ``device_util``:
+    each device's utilisation in this heartbeat, by device id."""
     reported = {sid: w for w in workloads if (sid := _session_uuid(w["session_id"])) is not None}
     sessions = {
         s.id: s
         for s in Session.objects.filter(node=node)
         .filter(id__in=list(reported))
-        .only("id", "state", "idle_seconds")
+        .only("id", "state", "idle_seconds", "device_id", "slot_count", "cpu_seconds", "cpu_seen_at")
     }
     alive: list[str] = []
     active: list[uuid.UUID] = []
@@ -371,7 +426,7 @@ def _record_workloads(node: Node, workloads: list[dict], now: datetime) -> None:
             continue  # not ours: the agent stops it as an orphan (it is not desired)
         state = status["state"]
         if state == "running":
-            seen_alive, seen_active = _workload_running(session, status, now)
+            seen_alive, seen_active = _workload_running(session, status, now, device_util)
             if seen_alive:
                 alive.append(str(sid))
             if seen_active:
@@ -392,24 +447,29 @@ def _record_workloads(node: Node, workloads: list[dict], now: datetime) -> None:
     _unlisted_sessions_end(node, listed_live=listed_live, now=now)
 
 
-def _workload_running(session: Session, status: dict, now: datetime) -> tuple[bool, bool]:
+def _workload_running(
+    session: Session, status: dict, now: datetime, device_util: dict[int, float]
+) -> tuple[bool, bool]:
     """A workload the agent reports running: a placing or starting session becomes running; a running
-    one records that it is alive, its GPU use and what the agent enforces. Returns (alive, active):
-    whether the session was running when recorded (its meter follows), and whether its kernel or GPU
-    was busy (its idle clock restarts)."""
+    one records that it is alive, its GPU use, its CPU seconds and what the agent enforces. Returns
+    (alive, active): whether the session was running when recorded (its meter follows), and whether
+    it showed any sign of use (``_in_use``: its idle clock restarts)."""
     if session.state in (S.PLACING, S.STARTING):
         lifecycle.session_mark_running(session_id=session.id, upstream=status.get("upstream") or "", at=now)
         session.state = S.RUNNING
     if session.state != S.RUNNING:
         return False, False
     util = status.get("gpu_util_percent")
-    kernel_busy = bool(status.get("last_activity")) and _recent(status["last_activity"], now)
+    activity = activity_clean(status.get("activity"))
+    in_use = _in_use(session, activity, _session_gpu_percent(session, activity, util, device_util), now)
     # Never backwards: the start poll may have marked it running (alive at the poll's later
     # time) after this heartbeat took ``now`` and before it read the session here. A last
     # alive time before it ran would leave a lost session's meter, which starts when it ran,
     # billed past the session's last alive time.
     alive_at = Greatest("last_alive_at", Value(now, output_field=DateTimeField()))
     fields = {"last_alive_at": alive_at, "gpu_util_percent": _small(util)}
+    if activity["cpu_seconds"] is not None:
+        fields |= {"cpu_seconds": activity["cpu_seconds"], "cpu_seen_at": now}
     if upstream := status.get("upstream"):
         fields["upstream"] = upstream
     if (enforced := enforcement_clean(status.get("enforcement"))) is not None:
@@ -418,7 +478,47 @@ def _workload_running(session: Session, status: dict, now: datetime) -> tuple[bo
     # leaves both at the last time the session was seen alive while running.
     if not Session.objects.filter(id=session.id, state=S.RUNNING).update(**fields):
         return False, False
-    return True, kernel_busy or (util is not None and util >= settings.SESSION_IDLE_GPU_PERCENT)
+    return True, in_use
+
+
+def _session_gpu_percent(
+    session: Session, activity: dict, util: float | None, device_util: dict[int, float]
+) -> float | None:
+    """The GPU use of the session's own processes (the activity's figure, else the status's from an
+    older agent); the whole device's utilisation only when there is no per-process figure and the
+    session holds the whole device, so that another tenant's work never keeps it alive."""
+    own = activity["gpu_util_percent"]
+    if own is None:
+        own = _figure(util, top=100)
+    if own is None and session.slot_count == SLOTS_PER_GPU:
+        own = device_util.get(session.device_id)
+    return own
+
+
+def _in_use(session: Session, activity: dict, gpu_percent: float | None, now: datetime) -> bool:
+    """Whether the session showed any sign of use in this report: a kernel executing, kernel or
+    terminal activity within the heartbeat window, a browser connected (SESSION_IDLE_COUNT_CONNECTED),
+    its CPU use since the previous report at SESSION_IDLE_CPU_PERCENT of one core or more, or its GPU
+    use at SESSION_IDLE_GPU_PERCENT or more. Idle only when none; an unknown figure is no sign."""
+    cpu_percent = _cpu_percent(session, activity["cpu_seconds"], now)
+    return (
+        bool(activity["busy_kernels"])
+        or (activity["last_activity"] is not None and _recent(activity["last_activity"], now))
+        or (settings.SESSION_IDLE_COUNT_CONNECTED and bool(activity["connections"]))
+        or (cpu_percent is not None and cpu_percent >= settings.SESSION_IDLE_CPU_PERCENT)
+        or (gpu_percent is not None and gpu_percent >= settings.SESSION_IDLE_GPU_PERCENT)
+    )
+
+
+def _cpu_percent(session: Session, cpu_seconds: float | None, now: datetime) -> float | None:
+    """Percent of one core the workload used since its previous CPU report; None without one, or when
+    the figure went down (a process ended unreaped, a restarted container)."""
+    if cpu_seconds is None or session.cpu_seconds is None or session.cpu_seen_at is None:
+        return None
+    spent, elapsed = cpu_seconds - session.cpu_seconds, (now - session.cpu_seen_at).total_seconds()
+    if spent < 0 or elapsed <= 0:
+        return None
+    return 100 * spent / elapsed
 
 
 def _workload_ended(node: Node, session: Session, status: dict, now: datetime) -> None:
@@ -472,12 +572,8 @@ def _unlisted_sessions_end(node: Node, *, listed_live: set[uuid.UUID], now: date
     lifecycle.session_freed_after_gone(session_ids=list(gone))
 
 
-def _recent(raw: str, now: datetime) -> bool:
-    at = parse_datetime(raw)
-    if at is None:
-        return False
-    if timezone.is_naive(at):
-        at = timezone.make_aware(at, UTC)
+def _recent(at: datetime, now: datetime) -> bool:
+    """Within the heartbeat window: three intervals, for a late heartbeat and the node's clock."""
     return (now - at).total_seconds() < settings.AGENT_HEARTBEAT_INTERVAL_SECONDS * 3
 
 
@@ -496,8 +592,8 @@ def heartbeat_record(*, node: Node, body) -> HeartbeatAnswer:
         now = timezone.now()  # after the lock: heartbeats of one node are recorded in time order
         served = (body.get("capabilities") or {}).get("sharing_policies")
         devices = _record_inventory(node, body["inventory"], now, served)
-        _record_metrics(body.get("metrics") or {}, devices, now)
-        _record_workloads(node, body.get("workloads", []), now)
+        device_util = _record_metrics(body.get("metrics") or {}, devices, now)
+        _record_workloads(node, body.get("workloads", []), now, device_util)
         node.last_heartbeat_at = now
         node.agent_version = str(body.get("agent_version") or "")[:32]
         node.runtime = str(body.get("runtime") or "")[:32]

@@ -176,21 +176,26 @@ def workload_spec(session_id: str, allocation: dict | None, **overrides) -> dict
     return spec
 
 
-def run_in_kernel(
-    upstream: str, base_url: str, code: str, *, headers: dict | None = None, timeout: float = 60.0
-) -> str:
-    """Start a kernel over Jupyter's REST API, run code over its WebSocket, return its stdout.
-    ``upstream`` is the agent (its gateway adds the Jupyter token; ``headers`` default to the node
-    token) or the portal (``headers`` carry the browser's cookie)."""
-    from websockets.sync.client import connect
-
-    headers = {"Authorization": f"Bearer {NODE_TOKEN}"} if headers is None else headers
+def start_kernel(upstream: str, base_url: str, headers: dict) -> str:
+    """A new kernel over Jupyter's REST API; its id."""
     with httpx.Client(base_url=f"{upstream}{base_url}", headers=headers, timeout=30) as jupyter:
         assert jupyter.get("api/status").status_code == 200
         kernel = jupyter.post("api/kernels", json={"name": "python3"})
         assert kernel.status_code == 201, kernel.text
-        kernel_id = kernel.json()["id"]
+        return kernel.json()["id"]
+
+
+def kernel_channels(upstream: str, base_url: str, kernel_id: str, headers: dict):
+    """The kernel's WebSocket (a context manager): a browser connected to it."""
+    from websockets.sync.client import connect
+
     ws_url = f"{upstream.replace('http://', 'ws://')}{base_url}api/kernels/{kernel_id}/channels"
+    ws_url = ws_url.replace("https://", "wss://")
+    return connect(ws_url, additional_headers=headers, open_timeout=30, origin=upstream)
+
+
+def execute_request(code: str) -> tuple[str, dict]:
+    """An ``execute_request`` message for ``code``, and its msg_id."""
     msg_id = uuid.uuid4().hex
     message = {
         "header": {
@@ -208,10 +213,21 @@ def run_in_kernel(
         "channel": "shell",
         "buffers": [],
     }  # fmt: skip
+    return msg_id, message
+
+
+def run_in_kernel(
+    upstream: str, base_url: str, code: str, *, headers: dict | None = None, timeout: float = 60.0
+) -> str:
+    """Start a kernel over Jupyter's REST API, run code over its WebSocket, return its stdout.
+    ``upstream`` is the agent (its gateway adds the Jupyter token; ``headers`` default to the node
+    token) or the portal (``headers`` carry the browser's cookie)."""
+    headers = {"Authorization": f"Bearer {NODE_TOKEN}"} if headers is None else headers
+    kernel_id = start_kernel(upstream, base_url, headers)
+    msg_id, message = execute_request(code)
     output: list[str] = []
     deadline = time.monotonic() + timeout
-    ws_url = ws_url.replace("https://", "wss://")
-    with connect(ws_url, additional_headers=headers, open_timeout=30, origin=upstream) as ws:
+    with kernel_channels(upstream, base_url, kernel_id, headers) as ws:
         ws.send(json.dumps(message))
         while time.monotonic() < deadline:
             reply = json.loads(ws.recv(timeout=max(0.1, deadline - time.monotonic())))

@@ -103,12 +103,18 @@ def test_per_workload_figures_map_nvml_processes_to_session_pids():
     fake.set_processes(mig_gpu["mig_devices"][1]["uuid"], [(201, 70, 2048)])
     on_gpu = {"a": gpu["uuid"], "b": mig_gpu["uuid"], "idle": gpu["uuid"]}
     metrics, sessions = reader.metrics({"a": {101, 102}, "b": {201}, "idle": {301}}, on_gpu)
-    assert sessions["a"] == {"gpu_util_percent": 50, "gpu_memory_used_mib": 1500}
+    mib = 1024 * 1024
+    assert sessions["a"] == {
+        "gpu_util_percent": 50,
+        "gpu_memory_used_mib": 1500,
+        "gpu_memory_bytes": 1500 * mib,
+    }
     assert sessions["b"] == {
         "gpu_util_percent": None,
         "gpu_memory_used_mib": 2048,
-    }  # no per-process util in MIG
-    assert sessions["idle"] == {"gpu_util_percent": 0, "gpu_memory_used_mib": 0}
+        "gpu_memory_bytes": 2048 * mib,
+    }  # no per-process util in MIG: the MIG device's own processes give its memory only
+    assert sessions["idle"] == {"gpu_util_percent": 0, "gpu_memory_used_mib": 0, "gpu_memory_bytes": 0}
     assert metrics["gpus"][0]["memory_used_mib"] == 5500
 
 

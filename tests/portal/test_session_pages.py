@@ -190,6 +190,41 @@ def test_the_page_says_enforced_only_for_what_the_node_reports_enforced(
     assert chinese["device"].startswith("已强制") and chinese["memory"].startswith("仅供参考")
 
 
+def test_the_page_says_what_counts_as_idle_with_the_settings_figures(
+    fleet, settings, django_capture_on_commit_callbacks
+):
+    settings.SESSION_IDLE_CPU_PERCENT = 3.5
+    settings.SESSION_IDLE_GPU_PERCENT = 7
+    user, client = _user("ida", funded=4_000_000)
+    with django_capture_on_commit_callbacks(execute=False):
+        client.post(
+            "/launch/",
+            {"gpu_model": "T4", "profile": "1/2", "environment": "python-3.11", "idle_minutes": "30"},
+        )
+    session = Session.objects.get(owner=user)
+
+    def rule(language: str = "en") -> str:
+        import re
+
+        page = client.get(f"/sessions/{session.id}/live", HTTP_ACCEPT_LANGUAGE=language).content.decode()
+        found = re.search(r'data-testid="idle-rule">(.*?)</p>', page, re.DOTALL)
+        return " ".join(found[1].split()) if found else ""
+
+    assert rule() == (
+        "Idle means: no kernel or terminal activity, no browser connected, CPU under 3.5 %, "
+        "and GPU under 7 % for 30 min."
+    )
+    settings.SESSION_IDLE_COUNT_CONNECTED = False
+    assert (
+        rule() == "Idle means: no kernel or terminal activity, CPU under 3.5 %, and GPU under 7 % for 30 min."
+    )
+    user.language = "zh-hans"
+    user.save(update_fields=["language"])
+    assert rule("zh-hans") == "空闲指：持续 30 分钟 没有内核或终端活动、CPU 低于 3.5 %、GPU 低于 7 %。"
+    Session.objects.filter(id=session.id).update(idle_seconds=None)
+    assert rule() == ""  # no idle stop: no rule
+
+
 def _mig_session(name: str):
     """A running 1g.18gb session on an H200 laid out as MIG 1g.18gb × 7, and its owner's client."""
     from provisioner.services.sessions import session_launch

@@ -6,6 +6,7 @@ its sessions within the liveness window, billed no further, and cleans its orpha
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -19,6 +20,7 @@ import httpx
 import pytest
 from django.db import transaction
 from django.test import Client
+from django.utils import timezone
 
 from billing.models import Meter
 from billing.services.metering import metering_tick
@@ -28,7 +30,17 @@ from portal.services import access_token_create
 from provisioner.models import Allocation, Device, Node, Session
 from provisioner.services.heartbeats import nodes_liveness_sweep
 from provisioner.services.nodes import node_enroll
-from tests.agents.conftest import REPO, free_port, process_tree, processes_mentioning, wait_for
+from provisioner.services.sessions import sessions_enforce_limits
+from tests.agents.conftest import (
+    REPO,
+    execute_request,
+    free_port,
+    kernel_channels,
+    process_tree,
+    processes_mentioning,
+    start_kernel,
+    wait_for,
+)
 from tests.provisioner.conftest import A100, ENV, make_catalog, make_user
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -274,3 +286,43 @@ def test_a_killed_agent_loses_its_sessions_and_cleans_orphans_when_it_returns(
     assert Node.objects.get(name="node-a").state == "active"
     assert Session.objects.get(id=doomed["id"]).state == "lost"
     assert [w["session_id"] for w in agents.workloads("node-b")] == [survivor["id"]]
+
+
+IDLE_SECONDS = 4
+
+
+def test_a_kernel_busy_on_the_cpu_is_never_idle_stopped_and_an_untouched_session_is(portal, agents, settings):
+    """Two CPU sessions on node-a with a 4 s idle stop: one kernel loops on the CPU (no browser
+    connected), the other session is left alone. Over four idle periods the untouched one is stopped
+    for idleness and the busy one never is."""
+    settings.SESSION_IDLE_WARN_SECONDS = 2
+    node = agents.enroll_and_start("node-a")
+    wait_for(lambda: Device.objects.filter(node=node).exists(), 20, 0.2, "node-a's GPUs")
+    api = api_for(portal, make_user())
+    busy, untouched = (launch(api, gpu_model="", profile="cpu") for _ in range(2))
+    for session in (busy, untouched):
+        assert wait_state(api, session["id"], ("running", "failed"))["state"] == "running"
+
+    node_token = {"Authorization": f"Bearer {agents.tokens['node-a']}"}
+    agent_url, base_url = f"http://127.0.0.1:{agents.ports['node-a']}", f"/jupyter/{busy['id']}/"
+    kernel_id = start_kernel(agent_url, base_url, node_token)
+    with kernel_channels(agent_url, base_url, kernel_id, node_token) as ws:
+        ws.send(json.dumps(execute_request("while True: pass")[1]))
+        time.sleep(1)  # the kernel is running the loop when the browser leaves
+    Session.objects.filter(id__in=[busy["id"], untouched["id"]]).update(
+        idle_seconds=IDLE_SECONDS, last_active_at=timezone.now()
+    )
+
+    stopped_at = None
+    ends = time.monotonic() + 4 * IDLE_SECONDS
+    while time.monotonic() < ends:
+        sessions_enforce_limits()
+        if stopped_at is None and Session.objects.get(id=untouched["id"]).state != "running":
+            stopped_at = time.monotonic()
+        assert Session.objects.get(id=busy["id"]).state == "running"
+        time.sleep(0.25)
+    assert stopped_at is not None, "the untouched session was never stopped"
+    assert "idle" in wait_state(api, untouched["id"], ("stopped",), 30)["reason"]
+    kept = Session.objects.get(id=busy["id"])
+    assert kept.state == "running" and kept.cpu_seconds > 0
+    assert (timezone.now() - kept.last_active_at).total_seconds() < IDLE_SECONDS
