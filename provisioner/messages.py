@@ -33,6 +33,7 @@ TEMPLATES: dict[str, str] = {
     "idle_warning": gettext_noop("No activity: this session stops in about %(minutes)s minutes unless used."),
     "funds_exhausted": gettext_noop("funds exhausted"),
     "asked_by_owner": gettext_noop("asked by its owner"),
+    "kept_alive": gettext_noop("Kept alive by its owner"),
     "from_session_page": gettext_noop("from the session page"),
     "forced_by_admin": gettext_noop("forced by an admin"),
     "node_drained": gettext_noop("node drained by an admin"),
