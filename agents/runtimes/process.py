@@ -38,7 +38,14 @@ from typing import Any
 from agents import egress, sandbox
 from agents.gpuplan import VGPU_LIB_TARGET, GpuPlan, enforcement
 from agents.runtimes import launcher
-from agents.runtimes.base import Runtime, RuntimeHandle, RuntimeStartError
+from agents.runtimes.base import (
+    LABEXTENSIONS_DIR,
+    LABEXTENSIONS_IN_WORKLOAD,
+    Runtime,
+    RuntimeHandle,
+    RuntimeStartError,
+    labextensions_option,
+)
 from agents.spec import WorkloadSpec
 
 STOP_WAIT_SECONDS = 12.0
@@ -82,7 +89,14 @@ def process_start_ticks(pid: int) -> int | None:
 
 
 def jupyter_command(
-    python: str, *, sock: str, base_url: str, root_dir: str, config_file: str, as_root: bool
+    python: str,
+    *,
+    sock: str,
+    base_url: str,
+    root_dir: str,
+    config_file: str,
+    as_root: bool,
+    labextensions: str,
 ) -> list[str]:
     # The token travels in a 0600 config file, not argv: /proc/<pid>/cmdline is world-readable.
     # JupyterLab listens on a Unix socket only the agent (its gateway) connects to; the Host the
@@ -98,6 +112,7 @@ def jupyter_command(
         "--ServerApp.allow_remote_access=True",
         f"--ServerApp.base_url={base_url}",
         f"--ServerApp.root_dir={root_dir}",
+        labextensions_option(labextensions),
         *(["--ServerApp.allow_root=True"] if as_root else []),
     ]
 
@@ -162,6 +177,7 @@ class ProcessRuntime(Runtime):
             root_dir=home_seen,
             config_file=f"{inside}/{CONFIG_NAME}",
             as_root=uid is None and os.geteuid() == 0,
+            labextensions=LABEXTENSIONS_IN_WORKLOAD if mode == "bwrap" else str(LABEXTENSIONS_DIR),
         )
         env = {
             "PATH": f"{Path(python).parent}:/usr/local/bin:/usr/bin:/bin",
@@ -257,6 +273,7 @@ class ProcessRuntime(Runtime):
             command=command,
             preload_file=preload_file,
             egress_dir=self.options.egress_dir,
+            read_only={str(LABEXTENSIONS_DIR): LABEXTENSIONS_IN_WORKLOAD},
         )
 
     def _launch(
