@@ -47,8 +47,17 @@
     return (h ? h + ":" + pad(m) : String(m)) + ":" + pad(s % 60);
   }
 
-  function Notices(api) {
+  /* The lab's shell moves down by the banner's height, so the banner hides none of the lab. */
+  function makeRoom(shell, pixels) {
+    if (shell) {
+      shell.style.top = pixels ? pixels + "px" : "";
+      window.dispatchEvent(new Event("resize"));  // the shell lays itself out again
+    }
+  }
+
+  function Notices(api, shell) {
     this.api = api;
+    this.shell = shell;
     this.banner = null;
     this.ticker = null;
     this.timer = null;
@@ -114,6 +123,7 @@
       this.banner = null;
     }
     if (!warnings.length) {
+      makeRoom(this.shell, 0);
       return;
     }
     var self = this;
@@ -159,16 +169,17 @@
     this.ticker = setInterval(tick, 1000);
     document.body.appendChild(banner);
     this.banner = banner;
+    makeRoom(this.shell, banner.offsetHeight);
   };
 
   var plugin = {
     id: NAME + ":plugin",
     description: "Shows the portal's stop warnings for this session, with \"I'm still here\".",
     autoStart: true,
-    activate: function () {
+    activate: function (app) {
       var api = sessionApi(pageConfig().baseUrl);
       if (api) {
-        new Notices(api).poll();
+        new Notices(api, app && app.shell && app.shell.node).poll();
       }
     },
   };
