@@ -361,6 +361,8 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "SessionStateEnum": "provisioner.models.Session.State",
         "NodeStateEnum": "provisioner.models.Node.State",
+        "KindEnum": "provisioner.models.Device.Kind",  # the name it had before StopWarning's kind
+        "StopWarningKindEnum": "provisioner.models.StopWarning.Kind",
     },
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
