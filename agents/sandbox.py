@@ -14,7 +14,8 @@ What a tenant's code gets (``bwrap_command``):
 - **a read-only host root** with the secrets hidden under empty tmpfs mounts: the agent's state
   (workload records, other homes, MPS folders), every ``--sandbox-hide`` path (the portal's data
   folder on a development host), ``/home``, ``/root``, ``/run``, ``/tmp`` and ``/var/tmp``. Its home
-  (``/home/<user>``) and a private ``/tmp`` are the only writable places;
+  (``/home/<user>``) and a private ``/tmp`` are the only writable places; the portal's JupyterLab
+  extensions (agents/labextensions) are bound read-only at ``/run/suanli-labextensions``;
 - **a ``/dev`` of its own** holding only the allocated GPU's nodes (``/dev/nvidiaN``, ``nvidiactl``,
   ``nvidia-uvm`` and, for a MIG device, its ``nvidia-caps`` nodes), so the kernel enforces which GPU
   it may open whatever ``CUDA_VISIBLE_DEVICES`` says.

@@ -3,8 +3,10 @@
 Layout under the state dir: ``homes/<user>/`` (the user's persistent home, ``/home/<user>`` in the
 sandbox), ``run/<session>/`` (the launcher's log and exit file, the agent's) and
 ``run/<session>/private/`` (the workload's: Jupyter's config with its token, its runtime files and the
-Unix socket it listens on, ``/run/suanli`` in the sandbox). Without a sandbox (``--sandbox none``, a
-single-user development machine) the same folders are used at their host paths.
+Unix socket it listens on, ``/run/suanli`` in the sandbox). JupyterLab also loads the portal's lab
+extensions (agents/labextensions: the stop warnings and "I'm still here"), read-only in the sandbox.
+Without a sandbox (``--sandbox none``, a single-user development machine) the same folders are used at
+their host paths.
 
 Limits: containers get cgroups; a plain process gets what the host allows without privileges:
 the CPU count by affinity (``ceil(cpu_cores)`` CPUs) and memory by ``RLIMIT_DATA`` per process
