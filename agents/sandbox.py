@@ -14,7 +14,8 @@ What a tenant's code gets (``bwrap_command``):
 - **a read-only host root** with the secrets hidden under empty tmpfs mounts: the agent's state
   (workload records, other homes, MPS folders), every ``--sandbox-hide`` path (the portal's data
   folder on a development host), ``/home``, ``/root``, ``/run``, ``/tmp`` and ``/var/tmp``. Its home
-  (``/home/<user>``) and a private ``/tmp`` are the only writable places;
+  (``/home/<user>``) and a private ``/tmp`` are the only writable places; the portal's JupyterLab
+  extensions (agents/labextensions) are bound read-only at ``/run/suanli-labextensions``;
 - **a ``/dev`` of its own** holding only the allocated GPU's nodes (``/dev/nvidiaN``, ``nvidiactl``,
   ``nvidia-uvm`` and, for a MIG device, its ``nvidia-caps`` nodes), so the kernel enforces which GPU
   it may open whatever ``CUDA_VISIBLE_DEVICES`` says.
@@ -34,7 +35,7 @@ import os
 import shutil
 import subprocess
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from agents import egress
@@ -148,14 +149,17 @@ def bwrap_command(
     command: list[str],
     preload_file: str | None = None,
     egress_dir: str | None = None,
+    read_only: Mapping[str, str] | None = None,
 ) -> list[str]:
     """The bubblewrap command line around ``command`` (see the module docstring).
 
     ``hidden`` are host paths covered by an empty tmpfs; ``kept`` are paths under one of them that the
     workload still needs read-only (its Python environment, libvgpu.so); ``writable`` are paths it needs
-    read-write (the GPU's MPS pipe folder). ``preload_file`` (naming HAMi's libvgpu.so) becomes the
-    sandbox's own read-only ``/etc/ld.so.preload``, which the dynamic loader reads for every process
-    whatever its environment says: unsetting ``LD_PRELOAD`` does not remove the library."""
+    read-write (the GPU's MPS pipe folder); ``read_only`` maps host folders to where the workload sees
+    them, read-only, under ``/run`` (the JupyterLab extensions every workload loads). ``preload_file``
+    (naming HAMi's libvgpu.so) becomes the sandbox's own read-only ``/etc/ld.so.preload``, which the
+    dynamic loader reads for every process whatever its environment says: unsetting ``LD_PRELOAD`` does
+    not remove the library."""
     args = [bwrap, *_namespaces(), "--die-with-parent", "--new-session", "--ro-bind", "/", "/"]
     covered: list[str] = []
     for path in sorted({os.path.abspath(p) for p in (*ALWAYS_HIDDEN, *hidden)}, key=len):
@@ -193,6 +197,8 @@ def bwrap_command(
     args += ["--bind", str(home), inside_home, "--bind", str(private), PRIVATE_DIR]
     if egress_dir:
         args += ["--ro-bind", egress_dir, egress.SANDBOX_DIR]
+    for source, target in (read_only or {}).items():
+        args += ["--ro-bind", source, target]
     args += ["--setenv", "HOME", inside_home, "--chdir", inside_home, "--"]
     if uid is not None:
         args += [

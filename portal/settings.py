@@ -315,6 +315,7 @@ try:
     # core since the previous heartbeat, and whether a browser connected to a kernel counts.
     SESSION_IDLE_CPU_PERCENT = env("SESSION_IDLE_CPU_PERCENT", 5.0)
     SESSION_IDLE_COUNT_CONNECTED = env("SESSION_IDLE_COUNT_CONNECTED", True)
+    SESSION_NOTICES_POLL_SECONDS = env("SESSION_NOTICES_POLL_SECONDS", 20)  # JupyterLab asks this often
     QUEUE_MAX_WAIT_SECONDS = env("QUEUE_MAX_WAIT_SECONDS", 3600)
     QUOTA_DEFAULT_MAX_EIGHTHS = env("QUOTA_DEFAULT_MAX_EIGHTHS", 16)
     QUOTA_DEFAULT_MAX_SESSIONS = env("QUOTA_DEFAULT_MAX_SESSIONS", 4)
@@ -370,6 +371,8 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "SessionStateEnum": "provisioner.models.Session.State",
         "NodeStateEnum": "provisioner.models.Node.State",
+        "KindEnum": "provisioner.models.Device.Kind",  # the name it had before StopWarning's kind
+        "StopWarningKindEnum": "provisioner.models.StopWarning.Kind",
     },
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",

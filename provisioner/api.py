@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.middleware.csrf import get_token
+from django.utils.translation import gettext as _
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import permissions
@@ -28,6 +30,7 @@ from provisioner.messages import message
 from provisioner.models import Node, Quota, Session, SessionEvent
 from provisioner.quotas import quota_set
 from provisioner.services.heartbeats import heartbeat_record, heartbeat_validate
+from provisioner.services.keepalive import session_keep_alive
 from provisioner.services.nodes import node_by_token, node_enroll, node_set_state
 from provisioner.services.sessions import session_launch, session_stop
 from provisioner.session_view import session_view, session_views
@@ -52,6 +55,16 @@ def _valid(serializer_class, data):
 
 def session_detail_body(session: Session) -> dict:
     return io.SessionDetailOut(session_view(session)).data
+
+
+def notices_body(session: Session) -> dict:
+    return io.NoticesOut(
+        {
+            "warnings": selectors.session_notices(session=session),
+            "labels": {"still_here": _("I'm still here"), "stops_in": _("Stops in {time}")},
+            "poll_seconds": settings.SESSION_NOTICES_POLL_SECONDS,
+        }
+    ).data
 
 
 def _session_for(request: Request, session_id) -> Session:
@@ -174,6 +187,30 @@ class SessionMetricsView(APIView):
     )
     def get(self, request: Request, session_id: str) -> Response:
         return Response(io.MetricsOut(session_view(_session_for(request, session_id)).metrics).data)
+
+
+class SessionNoticesView(APIView):
+    @extend_schema(
+        summary="What JupyterLab shows inside a running session: its live stop warnings, soonest first",
+        responses={200: io.NoticesOut},
+    )
+    def get(self, request: Request, session_id: str) -> Response:
+        session = _session_for(request, session_id)
+        get_token(request)  # the CSRF cookie "I'm still here" posts with, in a lab opened from a bookmark
+        return Response(notices_body(session))
+
+
+class SessionStillHereView(APIView):
+    @extend_schema(
+        summary="I'm still here: restart a running session's idle clock and clear its idle warning "
+        "(idempotent); answers its notices",
+        request=None,
+        responses={200: io.NoticesOut},
+    )
+    def post(self, request: Request, session_id: str) -> Response:
+        session = _session_for(request, session_id)
+        session_keep_alive(session_id=session.id)
+        return Response(notices_body(session))
 
 
 class QuotaView(APIView):

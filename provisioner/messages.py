@@ -69,6 +69,7 @@ TEMPLATES: dict[str, str] = {
         "%(card_hours)s card-hours)."
     ),
     "asked_by_owner": gettext_noop("asked by its owner"),
+    "kept_alive": gettext_noop("Kept alive by its owner"),
     "from_session_page": gettext_noop("from the session page"),
     "forced_by_admin": gettext_noop("forced by an admin"),
     "node_drained": gettext_noop("node drained by an admin"),

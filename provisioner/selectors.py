@@ -6,6 +6,7 @@ import re
 import statistics
 import uuid
 from dataclasses import dataclass
+from datetime import datetime
 
 from django.db.models import Count, F, Q, QuerySet, Window
 from django.db.models.functions import RowNumber
@@ -26,6 +27,7 @@ from provisioner.models import (
     Node,
     Profile,
     Session,
+    StopWarning,
 )
 from provisioner.placement import free_index, request_for
 from provisioner.sealing import unseal
@@ -117,6 +119,36 @@ def session_jupyter_target(*, user, session_id) -> tuple[str, str] | Session:
         node = Node.objects.only("address", "token_sealed").get(pk=session.node_id)
         return node.address.rstrip("/"), unseal(node.token_sealed)
     return session
+
+
+@dataclass(frozen=True)
+class Notice:
+    """A live stop warning as its session's people read it (``session_notices``)."""
+
+    kind: str
+    message: str
+    due_at: datetime
+    seconds_left: int
+    still_here: bool  # "I'm still here" puts it off (an idle warning)
+
+
+def session_notices(*, session: Session, now: datetime | None = None) -> list[Notice]:
+    """The live stop warnings of a session while it runs, soonest first, their lines in the active
+    language; none for a session that is not running (its warnings are moot)."""
+    now = now or timezone.now()
+    warnings = StopWarning.objects.filter(
+        session_id=session.id, session__state=Session.State.RUNNING, cleared_at__isnull=True
+    ).order_by("due_at", "id")
+    return [
+        Notice(
+            kind=w.kind,
+            message=w.message_display,
+            due_at=w.due_at,
+            seconds_left=max(0, int((w.due_at - now).total_seconds())),
+            still_here=w.kind == StopWarning.Kind.IDLE,
+        )
+        for w in warnings
+    ]
 
 
 def queue_order(sessions: list[Session], *, served: dict[int, int] | None = None) -> list[Session]:

@@ -8,7 +8,7 @@ from datetime import UTC
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from provisioner.models import Device, Session, SessionEvent
+from provisioner.models import Device, Session, SessionEvent, StopWarning
 from provisioner.selectors import slot_map
 
 # --- input -------------------------------------------------------------------------------------------
@@ -213,6 +213,28 @@ class EventOut(serializers.Serializer):
     @extend_schema_field(serializers.DictField(allow_null=True))
     def get_message_params(self, event: SessionEvent) -> dict | None:
         return event.message_params if event.message_key else None
+
+
+class NoticeOut(serializers.Serializer):  # renders a selectors.Notice
+    kind = serializers.ChoiceField(choices=StopWarning.Kind.choices, help_text="Why the session will stop.")
+    message = serializers.CharField(help_text="The line in the reader's language.")
+    due_at = UtcDateTimeField(help_text="When the session stops unless the cause goes away.")
+    seconds_left = serializers.IntegerField(min_value=0)
+    still_here = serializers.BooleanField(help_text="Whether POST …/still-here puts it off (idle).")
+
+
+class NoticeLabelsOut(serializers.Serializer):
+    still_here = serializers.CharField(help_text="The button of a warning that can be put off.")
+    stops_in = serializers.CharField(help_text="The time left; {time} stands for it (e.g. 4:59).")
+
+
+class NoticesOut(serializers.Serializer):
+    """What JupyterLab shows inside a session (agents/labextensions/suanli-notices): every string in the
+    reader's language, so the extension has none of its own."""
+
+    warnings = NoticeOut(many=True, help_text="Live stop warnings, soonest first.")
+    labels = NoticeLabelsOut()
+    poll_seconds = serializers.IntegerField(help_text="How long the extension waits before asking again.")
 
 
 class SampleOut(serializers.Serializer):

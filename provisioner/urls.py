@@ -16,6 +16,16 @@ urlpatterns = [
         api.SessionMetricsView.as_view(),
         name="api_session_metrics",
     ),
+    path(
+        "api/v1/sessions/<str:session_id>/notices",
+        api.SessionNoticesView.as_view(),
+        name="api_session_notices",
+    ),
+    path(
+        "api/v1/sessions/<str:session_id>/still-here",
+        api.SessionStillHereView.as_view(),
+        name="api_session_still_here",
+    ),
     path("api/v1/quota", api.QuotaView.as_view(), name="api_quota"),
     path("api/v1/admin/nodes", api.AdminNodeListView.as_view(), name="api_admin_nodes"),
     path(

@@ -26,6 +26,16 @@ from agents.gpuplan import GpuPlan
 from agents.spec import WorkloadSpec
 
 _RUNTIMES: dict[str, type[Runtime]] = {}
+# The JupyterLab extensions every workload loads (agents/labextensions: the portal's notices), shown to
+# it read-only at LABEXTENSIONS_IN_WORKLOAD and named to JupyterLab by ``labextensions_option``.
+LABEXTENSIONS_DIR = Path(__file__).resolve().parent.parent / "labextensions"
+LABEXTENSIONS_IN_WORKLOAD = "/run/suanli-labextensions"
+
+
+def labextensions_option(folder: str) -> str:
+    """JupyterLab's option that adds ``folder`` to the places it finds prebuilt extensions (beside the
+    environment's own, which ``labextensions_path`` would replace)."""
+    return f"--LabApp.extra_labextensions_path={folder}"
 
 
 class RuntimeStartError(Exception):

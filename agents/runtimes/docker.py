@@ -26,7 +26,14 @@ import docker.types
 from agents import egress
 from agents.activity import cgroup_cpu_seconds
 from agents.gpuplan import GpuPlan, enforcement
-from agents.runtimes.base import Runtime, RuntimeHandle, RuntimeStartError
+from agents.runtimes.base import (
+    LABEXTENSIONS_DIR,
+    LABEXTENSIONS_IN_WORKLOAD,
+    Runtime,
+    RuntimeHandle,
+    RuntimeStartError,
+    labextensions_option,
+)
 from agents.spec import WorkloadSpec
 
 CONTAINER_RUN = "/run/jupyter"  # the session's private folder inside the container
@@ -62,7 +69,8 @@ def container_spec(
         " --config=/tmp/jupyter_server_config.json"
         f" --ServerApp.sock={CONTAINER_RUN}/{SOCK_NAME} --ServerApp.sock_mode=0600"
         " --ServerApp.allow_remote_access=True"
-        f" --ServerApp.base_url={spec.base_url} --ServerApp.root_dir={CONTAINER_HOME}",
+        f" --ServerApp.base_url={spec.base_url} --ServerApp.root_dir={CONTAINER_HOME}"
+        f" {labextensions_option(LABEXTENSIONS_IN_WORKLOAD)}",
     ]
     environment = {**plan.env, "SUANLI_JUPYTER_CONFIG": config}
     if egress_dir:
@@ -71,6 +79,9 @@ def container_spec(
     mounts = [
         docker.types.Mount(target=CONTAINER_HOME, source=f"suanli-home-{spec.user}", type="volume"),
         docker.types.Mount(target=CONTAINER_RUN, source=private_dir, type="bind"),
+        docker.types.Mount(
+            target=LABEXTENSIONS_IN_WORKLOAD, source=str(LABEXTENSIONS_DIR), type="bind", read_only=True
+        ),
         *(
             [docker.types.Mount(target=egress.SANDBOX_DIR, source=egress_dir, type="bind", read_only=True)]
             if egress_dir

@@ -3,8 +3,10 @@
 Layout under the state dir: ``homes/<user>/`` (the user's persistent home, ``/home/<user>`` in the
 sandbox), ``run/<session>/`` (the launcher's log and exit file, the agent's) and
 ``run/<session>/private/`` (the workload's: Jupyter's config with its token, its runtime files and the
-Unix socket it listens on, ``/run/suanli`` in the sandbox). Without a sandbox (``--sandbox none``, a
-single-user development machine) the same folders are used at their host paths.
+Unix socket it listens on, ``/run/suanli`` in the sandbox). JupyterLab also loads the portal's lab
+extensions (agents/labextensions: the stop warnings and "I'm still here"), read-only in the sandbox.
+Without a sandbox (``--sandbox none``, a single-user development machine) the same folders are used at
+their host paths.
 
 Limits: containers get cgroups; a plain process gets what the host allows without privileges:
 the CPU count by affinity (``ceil(cpu_cores)`` CPUs) and memory by ``RLIMIT_DATA`` per process
@@ -38,7 +40,14 @@ from typing import Any
 from agents import egress, sandbox
 from agents.gpuplan import VGPU_LIB_TARGET, GpuPlan, enforcement
 from agents.runtimes import launcher
-from agents.runtimes.base import Runtime, RuntimeHandle, RuntimeStartError
+from agents.runtimes.base import (
+    LABEXTENSIONS_DIR,
+    LABEXTENSIONS_IN_WORKLOAD,
+    Runtime,
+    RuntimeHandle,
+    RuntimeStartError,
+    labextensions_option,
+)
 from agents.spec import WorkloadSpec
 
 STOP_WAIT_SECONDS = 12.0
@@ -82,7 +91,14 @@ def process_start_ticks(pid: int) -> int | None:
 
 
 def jupyter_command(
-    python: str, *, sock: str, base_url: str, root_dir: str, config_file: str, as_root: bool
+    python: str,
+    *,
+    sock: str,
+    base_url: str,
+    root_dir: str,
+    config_file: str,
+    as_root: bool,
+    labextensions: str,
 ) -> list[str]:
     # The token travels in a 0600 config file, not argv: /proc/<pid>/cmdline is world-readable.
     # JupyterLab listens on a Unix socket only the agent (its gateway) connects to; the Host the
@@ -98,6 +114,7 @@ def jupyter_command(
         "--ServerApp.allow_remote_access=True",
         f"--ServerApp.base_url={base_url}",
         f"--ServerApp.root_dir={root_dir}",
+        labextensions_option(labextensions),
         *(["--ServerApp.allow_root=True"] if as_root else []),
     ]
 
@@ -162,6 +179,7 @@ class ProcessRuntime(Runtime):
             root_dir=home_seen,
             config_file=f"{inside}/{CONFIG_NAME}",
             as_root=uid is None and os.geteuid() == 0,
+            labextensions=LABEXTENSIONS_IN_WORKLOAD if mode == "bwrap" else str(LABEXTENSIONS_DIR),
         )
         env = {
             "PATH": f"{Path(python).parent}:/usr/local/bin:/usr/bin:/bin",
@@ -257,6 +275,7 @@ class ProcessRuntime(Runtime):
             command=command,
             preload_file=preload_file,
             egress_dir=self.options.egress_dir,
+            read_only={str(LABEXTENSIONS_DIR): LABEXTENSIONS_IN_WORKLOAD},
         )
 
     def _launch(

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('provisioner', '0006_stop_warnings'),
+        ('provisioner', '0007_session_cpu_seconds'),
     ]
 
     operations = [

@@ -10,6 +10,7 @@ import pytest
 
 from agents.gpuplan import Allocation, HostGpuTools, cpu_plan, gpu_plan
 from agents.runtimes import RuntimeOptions, runtime_class
+from agents.runtimes.base import LABEXTENSIONS_DIR
 from agents.runtimes.docker import container_spec
 from agents.spec import parse_spec
 from tests.agents.conftest import workload_spec
@@ -87,6 +88,15 @@ def test_fixed_share_container_spec():
     assert mounts["/run/jupyter"]["Source"] == "/var/lib/agent/run/dock-1/private"
     assert "HTTP_PROXY" not in env and "/run/suanli-egress" not in mounts  # outbound off
     assert kwargs["ipc_mode"] is None
+
+
+def test_the_portals_lab_extensions_are_mounted_read_only_and_named_to_jupyterlab():
+    kwargs = _build(_spec(None), cpu_plan())
+    mounts = {m["Target"]: m for m in kwargs["mounts"]}
+    extensions = mounts["/run/suanli-labextensions"]
+    assert extensions["Source"] == str(LABEXTENSIONS_DIR) and extensions["Type"] == "bind"
+    assert extensions["ReadOnly"] is True
+    assert "--LabApp.extra_labextensions_path=/run/suanli-labextensions" in " ".join(kwargs["command"])
 
 
 def test_equal_share_mounts_the_mps_pipe_and_mig_and_cpu_sessions():

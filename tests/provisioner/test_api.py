@@ -612,6 +612,8 @@ def test_the_openapi_schema_documents_the_provisioner(client):
         "/api/v1/sessions/{session_id}/stop",
         "/api/v1/sessions/{session_id}/events",
         "/api/v1/sessions/{session_id}/metrics",
+        "/api/v1/sessions/{session_id}/notices",
+        "/api/v1/sessions/{session_id}/still-here",
         "/api/v1/quota",
         "/api/v1/admin/nodes",
         "/api/v1/admin/quotas",

@@ -355,6 +355,8 @@ MATRIX: dict[tuple[str, str], list[Probe]] = {
     ("POST", "/api/v1/sessions/{session_id}/stop"): _session_probes(
         "POST", "/stop", lambda w: {"reason": "x"}
     ),
+    ("GET", "/api/v1/sessions/{session_id}/notices"): _session_probes("GET", "/notices"),
+    ("POST", "/api/v1/sessions/{session_id}/still-here"): _session_probes("POST", "/still-here"),
     ("GET", "/api/v1/teams"): [
         Probe("GET", lambda w: "/api/v1/teams", expect=200),
         Probe("GET", lambda w: "/api/v1/teams", expect=200, who="staff"),

@@ -9,6 +9,8 @@ user-token run; ``test_hardening`` sends them garbage.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 import schemathesis
 from django.contrib.auth import get_user_model
@@ -16,6 +18,7 @@ from django.core.cache import cache
 from django.core.signals import request_finished, request_started
 from django.core.wsgi import get_wsgi_application
 from django.db import close_old_connections
+from django.utils import timezone
 from hypothesis import HealthCheck, settings
 from rest_framework.test import APIClient
 from schemathesis.checks import not_a_server_error
@@ -24,7 +27,19 @@ from schemathesis.specs.openapi.checks import response_schema_conformance, statu
 from billing.services.cards import card_batch_issue, card_redeem
 from portal.models import Membership
 from portal.services import access_token_create, team_create, team_invite_create
-from tests.provisioner.conftest import A100, fund, make_catalog, make_node, make_user
+from provisioner.messages import message, message_columns
+from provisioner.models import StopWarning
+from provisioner.services.sessions import session_launch
+from tests.provisioner.conftest import (
+    A100,
+    ENV,
+    beat,
+    fund,
+    make_catalog,
+    make_node,
+    make_user,
+    workload_status,
+)
 
 APP = get_wsgi_application()
 CONFIG = schemathesis.Config.from_dict(
@@ -143,6 +158,44 @@ def test_answers_with_real_data_match_the_schema(db, in_process_requests, settin
     _documented("GET", "/api/v1/admin/card-batches", ops, expect=200)
     batch_id = {"batch_id": issued["batch"]["id"]}
     _documented("GET", "/api/v1/admin/card-batches/{batch_id}", ops, expect=200, path_parameters=batch_id)
+
+
+def test_a_sessions_notices_and_still_here_match_the_schema(db, in_process_requests, settings):
+    """A running session with a live idle warning: the answers the lab extension reads, as documented."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    cache.clear()
+    make_catalog()
+    node, _token = make_node()
+    owner = make_user("lab-owner")
+    launched = session_launch(
+        user=owner,
+        account=owner.account,
+        gpu_model=A100,
+        profile="whole",
+        environment=ENV,
+        max_hours=None,
+        idle_minutes=None,
+        idempotency_key=None,
+    )
+    beat(node, [workload_status(launched.session, "running")])
+    key, params, _text = message_columns(message("idle_warning", minutes=5))
+    StopWarning.objects.create(
+        session=launched.session,
+        kind=StopWarning.Kind.IDLE,
+        due_at=timezone.now() + timedelta(minutes=5),
+        message_key=key,
+        message_params=params,
+    )
+    lab = _browser(owner)
+    sid = {"session_id": str(launched.session.id)}
+    notices = _documented(
+        "GET", "/api/v1/sessions/{session_id}/notices", lab, expect=200, path_parameters=sid
+    )
+    assert [w["kind"] for w in notices["warnings"]] == ["idle"]
+    kept = _documented(
+        "POST", "/api/v1/sessions/{session_id}/still-here", lab, expect=200, path_parameters=sid
+    )
+    assert kept["warnings"] == []
 
 
 @pytest.mark.django_db
