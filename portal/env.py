@@ -108,5 +108,5 @@ database_url = _parse_url(("postgres", "postgresql"))
 redis_url = _parse_url(("redis", "rediss", "unix", "redis+socket"))
 sso_issuer_url = _parse_url(("https", "http"))
 email_url = _parse_url(
-    ("console", "smtp", "smtps", "locmem", "dummy"), serverless=("console", "locmem", "dummy")
+    ("console", "smtp", "smtps", "locmem", "dummy", "file"), serverless=("console", "locmem", "dummy")
 )

@@ -32,6 +32,7 @@ from provisioner import selectors as prov_selectors
 from provisioner.budgets import Budget, budgets_of
 from provisioner.messages import message
 from provisioner.models import Device, Node, Session
+from provisioner.services.keepalive import session_keep_alive
 from provisioner.services.sessions import session_launch, session_stop
 from provisioner.session_view import Limits, SessionView, session_view, session_views
 
@@ -330,6 +331,20 @@ def session_stop_view(request: HttpRequest, session_id) -> HttpResponse:
         messages.error(request, exc.message)
     else:
         messages.success(request, _("Stopping: billing ends when the workload is gone."))
+    return redirect("session_detail", session_id=session.id)
+
+
+@login_required
+@require_POST
+def session_still_here_view(request: HttpRequest, session_id) -> HttpResponse:
+    """ "I'm still here" on the session page: its idle clock restarts and its idle warning goes."""
+    session = _session(request, session_id)
+    try:
+        session_keep_alive(session_id=session.id)
+    except ApplicationError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, _("The idle clock starts again."))
     return redirect("session_detail", session_id=session.id)
 
 

@@ -235,6 +235,9 @@ elif _email.scheme == "locmem":
     EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
 elif _email.scheme == "dummy":
     EMAIL_BACKEND = "django.core.mail.backends.dummy.EmailBackend"
+elif _email.scheme == "file":  # file:///var/mail/suanli: one file per message, for tests across processes
+    EMAIL_BACKEND = "django.core.mail.backends.filebased.EmailBackend"
+    EMAIL_FILE_PATH = unquote(_email.path)
 else:
     EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
     EMAIL_HOST = _email.hostname or "localhost"

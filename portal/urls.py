@@ -38,6 +38,11 @@ urlpatterns = [
     path("sessions/<uuid:session_id>/", session_pages.session_detail, name="session_detail"),
     path("sessions/<uuid:session_id>/live", session_pages.session_live, name="session_live"),
     path("sessions/<uuid:session_id>/stop", session_pages.session_stop_view, name="session_stop"),
+    path(
+        "sessions/<uuid:session_id>/still-here",
+        session_pages.session_still_here_view,
+        name="session_still_here",
+    ),
     path("live/sessions", session_pages.running_live, name="running_live"),
     path("operations/", session_pages.operations, name="operations"),
     path("operations/usage/", report_pages.usage_report_site, name="usage_report"),

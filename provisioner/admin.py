@@ -289,6 +289,7 @@ class QuotaAdmin(admin.ModelAdmin):
         "max_sessions",
         "max_session_seconds",
         "monthly_spend_cap_micros",
+        "monthly_card_cap_micros",
     )
     search_fields = ("user__username", "account__name")
     list_select_related = ("user", "account")

@@ -244,7 +244,6 @@ class Session(models.Model):
     ended_at = models.DateTimeField(null=True, blank=True)
     last_alive_at = models.DateTimeField(null=True, blank=True)
     last_active_at = models.DateTimeField(null=True, blank=True)
-    idle_warned_at = models.DateTimeField(null=True, blank=True)
     gpu_util_percent = models.SmallIntegerField(null=True, blank=True)
     # The workload's cumulative CPU seconds at its node's last report of them, and when: the next
     # report's difference is the CPU it used meanwhile (an idle stop's signs of use).

@@ -122,7 +122,7 @@ def session_jupyter_target(*, user, session_id) -> tuple[str, str] | Session:
 
 
 @dataclass(frozen=True)
-class Notice:
+class StopNotice:
     """A live stop warning as its session's people read it (``session_notices``)."""
 
     kind: str
@@ -132,23 +132,30 @@ class Notice:
     still_here: bool  # "I'm still here" puts it off (an idle warning)
 
 
-def session_notices(*, session: Session, now: datetime | None = None) -> list[Notice]:
+def session_notices(*, session: Session, now: datetime | None = None) -> list[StopNotice]:
     """The live stop warnings of a session while it runs, soonest first, their lines in the active
     language; none for a session that is not running (its warnings are moot)."""
+    return stop_notices_of(session_ids=[session.id], now=now).get(session.id, [])
+
+
+def stop_notices_of(*, session_ids, now: datetime | None = None) -> dict[uuid.UUID, list[StopNotice]]:
+    """``session_notices`` of many sessions in one query: session id → its notices (running ones only)."""
     now = now or timezone.now()
     warnings = StopWarning.objects.filter(
-        session_id=session.id, session__state=Session.State.RUNNING, cleared_at__isnull=True
+        session_id__in=list(session_ids), session__state=Session.State.RUNNING, cleared_at__isnull=True
     ).order_by("due_at", "id")
-    return [
-        Notice(
-            kind=w.kind,
-            message=w.message_display,
-            due_at=w.due_at,
-            seconds_left=max(0, int((w.due_at - now).total_seconds())),
-            still_here=w.kind == StopWarning.Kind.IDLE,
+    found: dict[uuid.UUID, list[StopNotice]] = {}
+    for w in warnings:
+        found.setdefault(w.session_id, []).append(
+            StopNotice(
+                kind=w.kind,
+                message=w.message_display,
+                due_at=w.due_at,
+                seconds_left=max(0, int((w.due_at - now).total_seconds())),
+                still_here=w.kind == StopWarning.Kind.IDLE,
+            )
         )
-        for w in warnings
-    ]
+    return found
 
 
 def queue_order(sessions: list[Session], *, served: dict[int, int] | None = None) -> list[Session]:

@@ -56,6 +56,13 @@ class QuotaLimitsIn(serializers.Serializer):
     monthly_spend_cap_micros = serializers.IntegerField(
         required=False, allow_null=True, min_value=0, max_value=2**63 - 1
     )
+    monthly_card_cap_micros = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        min_value=0,
+        max_value=2**63 - 1,
+        help_text="Micro card-hours a month.",
+    )
 
 
 class QuotaSetIn(serializers.Serializer):
@@ -215,7 +222,7 @@ class EventOut(serializers.Serializer):
         return event.message_params if event.message_key else None
 
 
-class NoticeOut(serializers.Serializer):  # renders a selectors.Notice
+class NoticeOut(serializers.Serializer):  # renders a selectors.StopNotice
     kind = serializers.ChoiceField(choices=StopWarning.Kind.choices, help_text="Why the session will stop.")
     message = serializers.CharField(help_text="The line in the reader's language.")
     due_at = UtcDateTimeField(help_text="When the session stops unless the cause goes away.")

@@ -155,6 +155,7 @@ class SessionView:
     gpu_util_percent: int | None  # of its own processes, as the agent last reported
     metrics: Metrics
     idle_rule: IdleRule | None  # None: no idle stop
+    stop_notices: tuple[selectors.StopNotice, ...]  # live warnings of a stop to come, soonest first
 
 
 def session_view(session: Session, *, now: datetime | None = None) -> SessionView:
@@ -167,7 +168,7 @@ def session_views(
     sessions: Iterable[Session], *, now: datetime | None = None, samples: bool = False
 ) -> list[SessionView]:
     """``session_view`` of each session, in order, in a bounded number of queries: two for costs, four
-    for queue places (when any is queued), one for samples (when asked), one per paying account and GPU
+    for queue places (when any is queued), one for samples (when asked), one for stop warnings, one per paying account and GPU
     model among the running (runway). Lists leave samples out unless ``samples``."""
     sessions = list(sessions)
     now = now or timezone.now()
@@ -175,6 +176,7 @@ def session_views(
     places = selectors.queue_places(sessions=sessions)
     runways = _runways(sessions)
     by_session = _samples(sessions, now=now) if samples else {}
+    notices = selectors.stop_notices_of(session_ids=[s.id for s in sessions if s.state == S.RUNNING], now=now)
     return [
         SessionView(
             session=s,
@@ -203,6 +205,7 @@ def session_views(
             gpu_util_percent=s.gpu_util_percent,
             metrics=_metrics(s, by_session, samples=samples),
             idle_rule=_idle_rule(s),
+            stop_notices=tuple(notices.get(s.id, ())),
         )
         for s in sessions
     ]

@@ -439,7 +439,7 @@ def _record_workloads(
     if alive:
         meter_alive(session_refs=alive, alive_at=now)
     if active:
-        Session.objects.filter(id__in=active).update(last_active_at=now, idle_warned_at=None)
+        Session.objects.filter(id__in=active).update(last_active_at=now)
         StopWarning.objects.filter(
             session_id__in=active, kind=StopWarning.Kind.IDLE, cleared_at__isnull=True
         ).update(cleared_at=now)

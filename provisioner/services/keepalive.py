@@ -22,18 +22,16 @@ class SessionNotRunning(Conflict):
 
 
 def session_keep_alive(*, session_id) -> bool:
-    """Restart a running session's idle clock: in one transaction ``last_active_at`` becomes now,
-    ``idle_warned_at`` is cleared (so the sweep warns again before a later idle stop) and the live idle
-    StopWarning is cleared, with a "Kept alive by its owner" line in the session's history.
+    """Restart a running session's idle clock: in one transaction ``last_active_at`` becomes now and the
+    live idle StopWarning is cleared (so the sweep warns again before a later idle stop), with a "Kept
+    alive by its owner" line in the session's history.
 
     A conditional update on the state, no lock held: raises ``SessionNotRunning`` (409) when the session
     is not running. Idempotent: a repeat only moves the clock again and writes no second line (a script
     calling it in a loop cannot fill the history). Returns whether a warning was cleared."""
     now = timezone.now()
     with transaction.atomic():
-        moved = Session.objects.filter(id=session_id, state=Session.State.RUNNING).update(
-            last_active_at=now, idle_warned_at=None
-        )
+        moved = Session.objects.filter(id=session_id, state=Session.State.RUNNING).update(last_active_at=now)
         if not moved:
             raise SessionNotRunning(_("This session is not running."))
         cleared = StopWarning.objects.filter(

@@ -65,7 +65,7 @@ def test_an_idle_warning_shows_in_the_lab_and_im_still_here_keeps_the_session(br
     assert banner.count() == 0  # nothing to say yet
 
     long_ago = timezone.now() - timedelta(minutes=55)
-    Session.objects.filter(pk=session.pk).update(last_active_at=long_ago, idle_warned_at=long_ago)
+    Session.objects.filter(pk=session.pk).update(last_active_at=long_ago)
     warning = _idle_warning(session)
     banner.wait_for(state="visible", timeout=20_000)
     assert WARNING_TEXT in banner.inner_text()
@@ -83,8 +83,55 @@ def test_an_idle_warning_shows_in_the_lab_and_im_still_here_keeps_the_session(br
     warning.refresh_from_db()
     session.refresh_from_db()
     assert warning.cleared_at is not None and warning.cleared_at >= clicked_at
-    assert session.last_active_at >= clicked_at and session.idle_warned_at is None
+    assert session.last_active_at >= clicked_at
     assert SessionEvent.objects.filter(session=session, kind="kept_alive").count() == 1
     lab.wait_for_timeout(2_500)  # a few more polls: the cleared warning stays gone
     assert banner.count() == 0 and lab.locator("#main").bounding_box()["y"] == 0
+    context.close()
+
+
+@pytest.fixture
+def idle_stack(tmp_path):
+    env = stack_env(
+        SESSION_NOTICES_POLL_SECONDS="1",
+        SESSION_LIMITS_SWEEP_SECONDS="1",
+        SESSION_STOP_WARN_SECONDS="25",
+        EMAIL_URL=f"file://{tmp_path / 'mail'}",
+    )
+    with product_stack(tmp_path, env=env) as started:
+        yield started
+
+
+def test_an_untouched_session_is_warned_on_the_page_by_email_and_in_the_lab_then_stopped(
+    browser, idle_stack, artifacts_dir, tmp_path
+):
+    """Beat runs the limits sweep every second; the session may idle 40 s and is warned 25 s ahead. The
+    lab stays open in Chromium with no notebook: an open page is not use (no kernel, no terminal)."""
+    stack = idle_stack
+    code = a100_offer()
+    wait_for_free_gpu(stack)
+    context = browser.new_context(base_url=stack["web"].url, viewport=DESKTOP)
+    context.set_default_timeout(30_000)
+    page = context.new_page()
+    sign_up_with_code(page, code, "idle")
+    open_launch_page(page)
+    session = launch_and_wait_running(page, stack)
+    with context.expect_page() as opened:
+        page.get_by_test_id("open-jupyter").click()
+    lab = opened.value
+    lab.get_by_text(re.compile(r"\| Idle")).first.wait_for(timeout=90_000)
+    Session.objects.filter(pk=session.pk).update(idle_seconds=40, last_active_at=timezone.now())
+
+    banner = lab.locator("#suanli-notices")
+    banner.wait_for(state="visible", timeout=40_000)
+    assert "No activity: this session stops in about" in banner.inner_text()
+    assert "Your home folder is kept." in banner.inner_text()
+    page.reload()
+    assert "No activity" in page.get_by_test_id("stop-warning").inner_text()
+    page.screenshot(path=str(artifacts_dir / "session-stop-warning.png"), full_page=True)
+    mail = tmp_path / "mail"
+    wait_for(lambda: mail.exists() and any("No activity" in p.read_text() for p in mail.iterdir()), 10,
+             what="the warning's email")  # fmt: skip
+    wait_for(lambda: Session.objects.get(pk=session.pk).state in ("stopping", "stopped"), 60, what="the stop")
+    assert "idle" in Session.objects.get(pk=session.pk).reason
     context.close()

@@ -30,7 +30,7 @@ from portal.services import access_token_create
 from provisioner.models import Allocation, Device, Node, Session
 from provisioner.services.heartbeats import nodes_liveness_sweep
 from provisioner.services.nodes import node_enroll
-from provisioner.services.sessions import sessions_enforce_limits
+from provisioner.services.limits import sessions_enforce_limits
 from tests.agents.conftest import (
     REPO,
     execute_request,
@@ -295,7 +295,7 @@ def test_a_kernel_busy_on_the_cpu_is_never_idle_stopped_and_an_untouched_session
     """Two CPU sessions on node-a with a 4 s idle stop: one kernel loops on the CPU (no browser
     connected), the other session is left alone. Over four idle periods the untouched one is stopped
     for idleness and the busy one never is."""
-    settings.SESSION_IDLE_WARN_SECONDS = 2
+    settings.SESSION_STOP_WARN_SECONDS = 2
     node = agents.enroll_and_start("node-a")
     wait_for(lambda: Device.objects.filter(node=node).exists(), 20, 0.2, "node-a's GPUs")
     api = api_for(portal, make_user())

@@ -188,4 +188,3 @@ def test_use_clears_a_live_idle_warning_and_no_other(node_and_token):
     assert in_use_after(node, session, activity(busy_kernels=1))
     assert StopWarning.objects.get(id=idle.id).cleared_at is not None
     assert StopWarning.objects.get(id=funds.id).cleared_at is None
-    assert Session.objects.get(id=session.id).idle_warned_at is None

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from billing.models import Meter
 from billing.services.metering import metering_tick
-from provisioner.models import Allocation, Session, SessionEvent
+from provisioner.models import Allocation, Session, SessionEvent, StopWarning
 from provisioner.services.heartbeats import nodes_liveness_sweep
 from provisioner.services.limits import sessions_enforce_limits
 from provisioner.services.sessions import (
@@ -123,12 +123,10 @@ def test_an_idle_session_is_warned_then_stopped(node, sent_tasks, settings):
 def test_activity_resets_the_idle_clock_and_the_warning(node, sent_tasks, settings):
     settings.SESSION_STOP_WARN_SECONDS = 300
     session = running(node, launch(idle_minutes=10))
-    Session.objects.filter(id=session.id).update(
-        last_active_at=timezone.now() - timedelta(seconds=400), idle_warned_at=timezone.now()
-    )
+    Session.objects.filter(id=session.id).update(last_active_at=timezone.now() - timedelta(seconds=400))
+    assert sessions_enforce_limits()["warned"] == 1
     beat(node, [workload_status(session, "running", gpu_util_percent=80)])
-    session.refresh_from_db()
-    assert session.idle_warned_at is None
+    assert not StopWarning.objects.filter(session=session, cleared_at__isnull=True).exists()
     assert sessions_enforce_limits()["idle"] == 0
     assert Session.objects.get(id=session.id).state == "running"
 
