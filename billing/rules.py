@@ -18,6 +18,7 @@ from django.core.exceptions import ImproperlyConfigured
 class AccountRules:
     paying_accounts: Callable[..., list]  # (user=) -> the accounts the user may see and pay with
     manages: Callable[..., bool]  # (user=, account=) -> whether the user may move its money and cards
+    managers: Callable[..., list]  # (account=) -> the users who may (whom its money matters are told)
 
 
 _registered: list[AccountRules] = []
@@ -42,3 +43,8 @@ def accounts_payable_by(*, user: Any) -> list:
 def account_managed_by(*, user: Any, account: Any) -> bool:
     """Whether ``user`` may move ``account``'s money and cards, beyond paying with it."""
     return bool(account_rules().manages(user=user, account=account))
+
+
+def account_managers(*, account: Any) -> list:
+    """The active users who may move ``account``'s money and cards: whom billing tells about it."""
+    return list(account_rules().managers(account=account))

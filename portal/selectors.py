@@ -102,6 +102,20 @@ def account_managed_by(*, user: User, account: Account) -> bool:
     ).exists()
 
 
+def account_managers(*, account: Account) -> list[User]:
+    """The active users who manage ``account`` (as ``account_managed_by``): its owner for a personal
+    account, a team's owners and admins (registered as billing's rule)."""
+    if account.kind == Account.Kind.USER:
+        return list(User.objects.filter(account=account, is_active=True))
+    return list(
+        User.objects.filter(
+            is_active=True,
+            memberships__team__account=account,
+            memberships__role__in=[Membership.Role.OWNER, Membership.Role.ADMIN],
+        )
+    )
+
+
 def user_for_django_session(*, django_session_key: str) -> User | None:
     """The logged-in, active user of a Django session key (as the cookie carries it), or None."""
     if not django_session_key:

@@ -117,6 +117,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "mozilla_django_oidc",
+    "notices",
     "billing",
     "provisioner",
     "portal",
