@@ -153,6 +153,7 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
                 "portal.context_processors.site",
+                "notices.context_processors.bell",
             ],
         },
     },
