@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable
 
 from django.conf import settings
@@ -18,14 +17,12 @@ from core.messages import message, message_columns
 from notices.kinds import KINDS
 from notices.models import Notice, NoticePreference
 
-log = logging.getLogger("notices")
-
 
 def notify(
     *, users: Iterable, kind: str, key: str, params: dict | None = None, dedupe_key: str, url: str = ""
 ) -> int:
-    """Tell each of ``users`` (users or their ids) the message ``key`` with ``params`` (values may be
-    nested ``Message``s); ``url`` is a path on the site (a session's page) or empty.
+    """Tell each of ``users`` (users or their ids; None is skipped) the message ``key`` with ``params``
+    (values may be nested ``Message``s); ``url`` is a path on the site (a session's page) or empty.
 
     Idempotent per (user, ``dedupe_key``): a repeat makes nothing and sends nothing. After commit, each
     new notice is emailed to its recipient in their language unless they have no address or opted out
@@ -33,7 +30,7 @@ def notify(
     if kind not in KINDS:
         raise ValueError(f"unknown notice kind {kind!r}")
     message_key, message_params, english = message_columns(message(key, **(params or {})))
-    user_ids = sorted({getattr(user, "pk", user) for user in users})
+    user_ids = sorted({getattr(user, "pk", user) for user in users if user is not None})
     made: list[int] = []
     with transaction.atomic():
         for user_id in user_ids:

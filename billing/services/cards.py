@@ -620,7 +620,7 @@ def card_remind(*, now: datetime | None = None) -> int:
             ).select_related("ledger_account", "owner")
             for card in cards:
                 made += notify(
-                    users=[*account_managers(account=card.owner), *filter(None, [card.redeemed_by_id])],
+                    users=[*account_managers(account=card.owner), card.redeemed_by_id],
                     kind="card_expiring",
                     key="card_expiring",
                     params={

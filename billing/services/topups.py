@@ -446,7 +446,7 @@ def topup_credit(*, checkout_session_id: str, amount_total: int | None) -> str:
 def _credited_notify(topup: TopUp) -> None:
     """Whoever paid and the account's managers are told the money arrived (``topup_credited``)."""
     notify(
-        users=[*account_managers(account=topup.account), *filter(None, [topup.created_by_id])],
+        users=[*account_managers(account=topup.account), topup.created_by_id],
         kind="topup_credited",
         key="topup_credited",
         params={
