@@ -68,7 +68,7 @@ def _reset_schema() -> None:
         cursor.execute(
             "TRUNCATE billing_entry, billing_transfer, billing_meter, billing_invitecode, billing_card, "
             "billing_cardbatch, billing_ledgeraccount, billing_price, billing_cardburnrate, "
-            "billing_notification, billing_auditentry, billing_account CASCADE"
+            "notices_notice, billing_auditentry, billing_account CASCADE"
         )
     for model, price, burn in MODELS:
         price_set(gpu_model=model, profile="whole", price_micros_per_hour=price)

@@ -29,7 +29,6 @@ from billing.models import (
     LedgerAccount,
     LedgerHold,
     Meter,
-    Notification,
     Price,
     StripeEvent,
     TopUp,
@@ -481,11 +480,3 @@ class InviteCodeAdmin(ReadOnlyAdmin):
     list_filter = ("used_at", "revoked_at")
     search_fields = ("=card__id",)
     exclude = ("code_hash",)
-
-
-@admin.register(Notification)
-class NotificationAdmin(ReadOnlyAdmin):
-    list_display = ("created_at", "account", "kind", "message", "read_at")
-    list_filter = ("kind",)
-    search_fields = ("account__name", "message")
-    list_select_related = ("account",)

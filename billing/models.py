@@ -510,17 +510,3 @@ class InviteCode(models.Model):
 
     def __str__(self) -> str:
         return f"code for card #{self.card_id}"
-
-
-class Notification(models.Model):
-    """A message to an account's people, shown on their pages (card reminders, funds warnings)."""
-
-    account = models.ForeignKey(Account, on_delete=models.CASCADE, related_name="notifications")
-    kind = models.CharField(max_length=32)
-    message = models.CharField(max_length=300)
-    dedupe_key = models.CharField(max_length=200, unique=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    read_at = models.DateTimeField(null=True, blank=True)
-
-    def __str__(self) -> str:
-        return f"{self.kind} for {self.account_id}"

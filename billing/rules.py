@@ -18,7 +18,7 @@ from django.core.exceptions import ImproperlyConfigured
 class AccountRules:
     paying_accounts: Callable[..., list]  # (user=) -> the accounts the user may see and pay with
     manages: Callable[..., bool]  # (user=, account=) -> whether the user may move its money and cards
-    managers: Callable[..., list]  # (account=) -> the users who manage it (told of its money and budgets)
+    managers: Callable[..., list]  # (account=) -> the users who may (whom its money matters are told)
 
 
 _registered: list[AccountRules] = []
@@ -46,5 +46,5 @@ def account_managed_by(*, user: Any, account: Any) -> bool:
 
 
 def account_managers(*, account: Any) -> list:
-    """The users who manage ``account``: its owner, or a team's owners and admins."""
+    """The active users who may move ``account``'s money and cards: whom billing tells about it."""
     return list(account_rules().managers(account=account))

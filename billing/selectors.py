@@ -16,7 +16,6 @@ from billing.models import (
     Card,
     Entry,
     LedgerHold,
-    Notification,
     StripeEvent,
     TopUp,
     TopUpDispute,
@@ -188,11 +187,6 @@ def card_detail(*, account: Account, card_id: int) -> dict:
         ],
         "lineage": card_lineage(card=card),
     }
-
-
-def notifications_unread(*, account: Account) -> QuerySet[Notification]:
-    """The account's unread notifications (card expiry reminders), newest first, for its pages."""
-    return Notification.objects.filter(account=account, read_at__isnull=True).order_by("-created_at", "-id")
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from billing.services import cards as card_services
 from billing.services.topups import amount_parse, topup_create
 from core.errors import ApplicationError, ValidationFailed
 from core.units import hours_to_micros
+from notices.selectors import notices_recent
 from portal.selectors import account_managed_by, accounts_payable_by, team_list_for_user
 from portal.session_pages import running_sessions
 from portal.shortcuts import account_or_404
@@ -156,7 +157,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
         "teams": team_list_for_user(user=request.user),
         "spend": daily_spend(account=account),
         "running": running_sessions(user=request.user),
-        "notifications": billing_selectors.notifications_unread(account=account)[:10],
+        "notices": notices_recent(user=request.user, limit=10, unread_only=True),
     }
     return render(request, "portal/dashboard.html", context)
 

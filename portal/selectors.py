@@ -60,7 +60,7 @@ def team_member_spend(*, team: Team, user_id: int | None = None) -> list[MemberS
     if user_id is not None:
         memberships = memberships.filter(user_id=user_id)
     members = quotas.members_of_account(account=team.account)
-    nothing = (quotas.Limits(None, None, None, None, None, None, None), quotas.Usage(0, 0, 0))
+    nothing = (quotas.Limits(None, None, None, None, None, None), quotas.Usage(0, 0, 0))
     return [MemberSpend(m, *members.get(m.user_id, nothing)) for m in memberships]
 
 
@@ -103,15 +103,16 @@ def account_managed_by(*, user: User, account: Account) -> bool:
 
 
 def account_managers(*, account: Account) -> list[User]:
-    """The users who manage ``account`` (registered as billing's rule): the owner of a personal account,
-    a team's owners and admins."""
+    """The active users who manage ``account`` (as ``account_managed_by``): its owner for a personal
+    account, a team's owners and admins (registered as billing's rule)."""
     if account.kind == Account.Kind.USER:
-        return list(User.objects.filter(account=account))
+        return list(User.objects.filter(account=account, is_active=True))
     return list(
         User.objects.filter(
+            is_active=True,
             memberships__team__account=account,
             memberships__role__in=[Membership.Role.OWNER, Membership.Role.ADMIN],
-        ).order_by("id")
+        )
     )
 
 

@@ -56,6 +56,7 @@ urlpatterns = [
     path("teams/<slug:slug>/usage/", report_pages.usage_report_team, name="team_usage_report"),
     path("", include("billing.urls")),
     path("", include("provisioner.urls")),
+    path("", include("notices.urls")),
     path("api/v1/me", api.MeView.as_view(), name="api_me"),
     path("api/v1/tokens", api.TokenListView.as_view(), name="api_tokens"),
     path("api/v1/tokens/<int:token_id>", api.TokenDetailView.as_view(), name="api_token"),

@@ -9,7 +9,7 @@ class ProvisionerConfig(AppConfig):
         from billing import signals
 
         signals.funds_exhausted.connect(_on_funds_exhausted, dispatch_uid="provisioner.funds_exhausted")
-        signals.runway_low.connect(_on_runway_low, dispatch_uid="provisioner.runway_low.warn")
+        signals.runway_low.connect(_on_runway_low, dispatch_uid="provisioner.runway_low")
         signals.runway_recovered.connect(_on_runway_recovered, dispatch_uid="provisioner.runway_recovered")
         signals.metered.connect(_on_metered, dispatch_uid="provisioner.metered.budgets")
 
@@ -20,10 +20,17 @@ def _on_funds_exhausted(sender, session_refs: list[str] | None = None, **kwargs)
     sessions_stop_for_funds(session_refs=list(session_refs or []))
 
 
-def _on_runway_low(sender, session_refs: list[str] | None = None, runway_seconds: int = 0, **kwargs) -> None:
+def _on_runway_low(
+    sender, account_id: int, runway_seconds: int, session_refs: list[str] | None = None, **kwargs
+) -> None:
+    """The sessions' owners are warned of the stop to come (a stop warning each); the account's other
+    managers, who can top it up, are told its funds run low."""
     from provisioner.services.limits import sessions_warn_for_funds
+    from provisioner.services.session_notices import runway_low_notify
 
-    sessions_warn_for_funds(session_refs=list(session_refs or []), runway_seconds=runway_seconds)
+    refs = list(session_refs or [])
+    sessions_warn_for_funds(session_refs=refs, runway_seconds=runway_seconds)
+    runway_low_notify(account_id=account_id, runway_seconds=runway_seconds, session_refs=refs)
 
 
 def _on_runway_recovered(sender, session_refs: list[str] | None = None, **kwargs) -> None:
@@ -35,4 +42,4 @@ def _on_runway_recovered(sender, session_refs: list[str] | None = None, **kwargs
 def _on_metered(sender, at=None, **kwargs) -> None:
     from provisioner.services.budgets import budgets_enforce
 
-    budgets_enforce()
+    budgets_enforce(now=at)

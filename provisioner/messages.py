@@ -1,20 +1,36 @@
 """The lines people read about their sessions: lifecycle events and the reason of the last transition.
 
 They are written by workers, heartbeats and sweeps, where no reader's language is known, so a line is
-stored as a key of ``TEMPLATES`` and its parameters (``message``, ``message_columns``) and rendered when
-it is read, in the reader's language (``message_render``). A parameter that is itself a message, like a
-stop's reason inside "Stop by …: …", is stored nested and translated with it; one that is a name (a
-node, a user) or someone's own words (an agent's exit reason, an owner's reason to stop) is shown as
-given. The English rendering is stored beside the key for the admin, the logs and the API's ``reason``.
-A line with no key, or with a key this code no longer knows, is shown as that stored text.
+stored as a key of ``TEMPLATES`` and its parameters and rendered when it is read, in the reader's
+language: the machinery is ``core.messages``, re-exported here so the provisioner's callers keep their
+imports. The English rendering is stored beside the key for the admin, the logs and the API's ``reason``.
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, field
+from django.utils.translation import gettext_noop
 
-from django.utils.translation import gettext, gettext_noop
+from core.messages import (
+    KEY_MAX_LENGTH,
+    TEXT_PARAM_MAX_LENGTH,
+    Message,
+    message,
+    message_columns,
+    message_load,
+    message_render,
+    templates_register,
+)
+
+__all__ = [
+    "KEY_MAX_LENGTH",
+    "TEMPLATES",
+    "TEXT_PARAM_MAX_LENGTH",
+    "Message",
+    "message",
+    "message_columns",
+    "message_load",
+    "message_render",
+]
 
 TEMPLATES: dict[str, str] = {
     "launched_by": gettext_noop("Launched by %(user)s"),
@@ -82,77 +98,4 @@ TEMPLATES: dict[str, str] = {
     "node_refused": gettext_noop("The node refused the workload (%(code)s): %(why)s"),
     "could_not_start": gettext_noop("Jupyter could not start: %(why)s"),
 }
-KEY_MAX_LENGTH = 32
-TEXT_PARAM_MAX_LENGTH = 300  # an agent's words are its own: kept, but not without end
-_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
-
-
-@dataclass(frozen=True)
-class Message:
-    """A line to store: a key of ``TEMPLATES`` and its parameters as JSON (a name to a string or a
-    number, or to a nested message ``{"key": …, "params": {…}}``). Made by ``message``."""
-
-    key: str
-    params: dict = field(default_factory=dict)
-
-    def __str__(self) -> str:
-        return _render(self.key, self.params, translate=_as_written)
-
-
-def message(key: str, **params: str | int | Message) -> Message:
-    """The line ``key`` with ``params``; raises ValueError for an unknown key or parameters that are not
-    exactly the template's, so a writer's mistake fails where it is made rather than on a page."""
-    if key not in TEMPLATES:
-        raise ValueError(f"unknown message key {key!r}")
-    wanted = set(_PLACEHOLDER.findall(TEMPLATES[key]))
-    if set(params) != wanted:
-        raise ValueError(f"message {key!r} takes {sorted(wanted)}, not {sorted(params)}")
-    return Message(key, {name: _param(value) for name, value in params.items()})
-
-
-def _param(value: str | int | Message) -> str | int | dict:
-    if isinstance(value, Message):
-        return {"key": value.key, "params": value.params}
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    return str(value)[:TEXT_PARAM_MAX_LENGTH]
-
-
-def message_columns(value: Message | str) -> tuple[str, dict, str]:
-    """What a row stores for ``value``: (key, params, English text). Free text is ("", {}, text)."""
-    if isinstance(value, Message):
-        return value.key, value.params, str(value)
-    return "", {}, value
-
-
-def message_load(key: str, params: dict, stored: str) -> Message | str:
-    """A stored line back as the ``Message`` it was written from, or as its text when it has no key
-    this code knows or parameters that no longer fit (to store it again elsewhere, as it was)."""
-    try:
-        _render(key, params or {}, translate=_as_written)
-    except (KeyError, TypeError, ValueError):
-        return stored
-    return Message(key, params or {})
-
-
-def message_render(key: str, params: dict, *, stored: str = "") -> str:
-    """The line in the active language; ``stored`` when it has no key this code knows, or parameters
-    that no longer fit its template."""
-    try:
-        return _render(key, params or {}, translate=gettext)
-    except (KeyError, TypeError, ValueError):
-        return stored
-
-
-def _as_written(template: str) -> str:
-    return template
-
-
-def _render(key: str, params: dict, *, translate) -> str:
-    values = {
-        name: _render(value["key"], value.get("params") or {}, translate=translate)
-        if isinstance(value, dict)
-        else value
-        for name, value in params.items()
-    }
-    return translate(TEMPLATES[key]) % values
+templates_register(TEMPLATES)

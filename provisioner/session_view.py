@@ -168,8 +168,8 @@ def session_views(
     sessions: Iterable[Session], *, now: datetime | None = None, samples: bool = False
 ) -> list[SessionView]:
     """``session_view`` of each session, in order, in a bounded number of queries: two for costs, four
-    for queue places (when any is queued), one for samples (when asked), one for stop warnings, one per paying account and GPU
-    model among the running (runway). Lists leave samples out unless ``samples``."""
+    for queue places (when any is queued), one for samples (when asked), one for stop warnings, one per
+    paying account and GPU model among the running (runway). Lists leave samples out unless ``samples``."""
     sessions = list(sessions)
     now = now or timezone.now()
     costs = meter_costs(session_refs=[s.ref for s in sessions])

@@ -15,8 +15,8 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.cache import cache
-from django.core.mail import send_mail
 from django.db import transaction
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
@@ -29,10 +29,10 @@ from billing.models import (
     CardBatch,
     InviteCode,
     LedgerAccount,
-    Notification,
     Transfer,
 )
 from billing.permissions import cards_manager_require
+from billing.rules import account_managers
 from billing.services.ledger import (
     Leg,
     idempotency_key_check,
@@ -43,6 +43,7 @@ from billing.services.ledger import (
 from core.clock import db_now
 from core.errors import Conflict, NotFound, RateLimited, ValidationFailed
 from core.units import micros_to_hours
+from notices.services import notify
 
 GIFT_CODE_VALID_DAYS = 14
 MAX_BATCH = 10_000
@@ -283,7 +284,32 @@ def _redeem_code(*, user, account: Account, data: str, now: datetime) -> Card:
             card=card,
             after={"hours_micros": card.hours_micros},
         )
+        if card.parent_id and card.gifted_by_id != user.pk:
+            _gift_received_notify(card=card, user=user)
     return card
+
+
+def _gift_received_notify(*, card: Card, user) -> None:
+    """A gifted part was redeemed: its new holder and its giver are told (``card_received``)."""
+    hours = f"{micros_to_hours(card.hours_micros):.2f}"
+    giver = card.gifted_by.username if card.gifted_by_id else card.parent.owner.name
+    notify(
+        users=[user],
+        kind="card_received",
+        key="card_gift_received",
+        params={"card": card.id, "hours": hours, "giver": giver},
+        dedupe_key=f"card:{card.id}:received",
+        url=reverse("cards"),
+    )
+    if card.gifted_by_id:
+        notify(
+            users=[card.gifted_by_id],
+            kind="card_received",
+            key="card_gift_redeemed",
+            params={"card": card.id, "hours": hours, "user": user.username},
+            dedupe_key=f"card:{card.id}:redeemed",
+            url=reverse("cards"),
+        )
 
 
 def _owned_card_locked(card_id: int, account: Account) -> tuple[Card, LedgerAccount]:
@@ -575,14 +601,14 @@ REMINDER_DAYS = (7, 1)
 
 
 def card_remind(*, now: datetime | None = None) -> int:
-    """Remind the holder of an active card with hours left 7 days and again 1 day before it expires: a
-    Notification on the card's account (shown on its pages) and an email to whoever redeemed it.
+    """Remind the people of an active card with hours left, 7 days and again 1 day before it expires: a
+    ``card_expiring`` notice (and email, after commit) to whoever redeemed it and the account's managers.
 
-    Idempotent: one reminder per card and lead time (a unique dedupe key); a card found inside the
-    last day gets only the 1-day reminder. Mail goes out after commit. Returns notifications made.
+    Idempotent: one reminder per card, lead time and person (the notice's dedupe key); a card found
+    inside the last day gets only the 1-day reminder. Returns notices made.
     """
     now = now or db_now()
-    made: list[tuple[Card, int]] = []
+    made = 0
     with transaction.atomic():
         for days, sooner in zip(REMINDER_DAYS, [*REMINDER_DAYS[1:], 0], strict=True):
             cards = Card.objects.filter(
@@ -591,41 +617,21 @@ def card_remind(*, now: datetime | None = None) -> int:
                 ledger_account__balance_micros__gt=0,
                 expires_at__gt=now + timedelta(days=sooner),
                 expires_at__lte=now + timedelta(days=days),
-            ).select_related("ledger_account", "redeemed_by")
+            ).select_related("ledger_account", "owner")
             for card in cards:
-                _notification, created = Notification.objects.get_or_create(
-                    dedupe_key=f"card:{card.id}:expiry:{days}d",
-                    defaults={
-                        "account_id": card.owner_id,
-                        "kind": "card_expiry",
-                        "message": _reminder_text(card, days),
+                made += notify(
+                    users=[*account_managers(account=card.owner), card.redeemed_by_id],
+                    kind="card_expiring",
+                    key="card_expiring",
+                    params={
+                        "card": card.id,
+                        "hours": f"{micros_to_hours(card.ledger_account.balance_micros):.2f}",
+                        "expires": f"{card.expires_at:%Y-%m-%d %H:%M}",
                     },
+                    dedupe_key=f"card:{card.id}:expiry:{days}d",
+                    url=reverse("cards"),
                 )
-                if created:
-                    made.append((card, days))
-        transaction.on_commit(lambda: _reminder_mail(made))
-    return len(made)
-
-
-def _reminder_text(card: Card, days: int) -> str:
-    hours = micros_to_hours(card.ledger_account.balance_micros)
-    return (
-        f"Your compute card #{card.id} with {hours:.2f} h left expires in under {days} "
-        f"day{'s' if days > 1 else ''} ({card.expires_at:%Y-%m-%d %H:%M} UTC)."
-    )
-
-
-def _reminder_mail(made: list[tuple[Card, int]]) -> None:
-    for card, days in made:
-        email = getattr(card.redeemed_by, "email", "") if card.redeemed_by_id else ""
-        if email:
-            send_mail(
-                subject=f"Your compute card expires in under {days} day{'s' if days > 1 else ''}",
-                message=_reminder_text(card, days) + "\nUse its hours before then; what is left expires.",
-                from_email=None,
-                recipient_list=[email],
-                fail_silently=True,
-            )
+    return made
 
 
 def card_daily_grant(*, user, account: Account, now: datetime | None = None) -> Card | None:

@@ -9,9 +9,9 @@ backup, a bug. Checks:
 - entries sum to zero in every unit;
 - every transfer has exactly two entries that sum to zero.
 
-A mismatch opens a ``LedgerHold`` (one per problem while open), tells staff (a notification on each
-staff member's account and an email, in their language) and, while open, refuses launches on the
-account it names (``account_hold_check``). Staff resolve it in the admin with a note, audited.
+A mismatch opens a ``LedgerHold`` (one per problem while open), tells staff (a notice to each staff
+member, emailed in their language) and, while open, refuses launches on the account it names
+(``account_hold_check``). Staff resolve it in the admin with a note, audited.
 """
 
 from __future__ import annotations
@@ -20,17 +20,17 @@ import logging
 from dataclasses import dataclass
 
 from django.contrib.auth import get_user_model
-from django.core.mail import send_mail
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Sum
 from django.db.models.functions import Now
-from django.utils import translation
+from django.urls import reverse
 from django.utils.translation import gettext as _
 
 from billing.audit import audit_record
-from billing.models import Account, Entry, LedgerHold, Notification
+from billing.models import Account, Entry, LedgerHold
 from billing.services.ledger import lock_accounts
 from core.errors import Conflict, ValidationFailed
+from notices.services import notify
 
 log = logging.getLogger(__name__)
 
@@ -116,28 +116,23 @@ def ledger_reconcile() -> list[LedgerHold]:
     return opened
 
 
-def _hold_text(hold: LedgerHold) -> str:
-    account = hold.account.name if hold.account_id else _("a system ledger account")
-    return _(
-        "Ledger check failed (%(problem)s) on %(subject)s, account %(account)s. Launches on that account "
-        "are blocked until staff resolve hold #%(hold)s in the admin."
-    ) % {"problem": hold.get_kind_display(), "subject": hold.subject, "account": account, "hold": hold.id}
-
-
 def _alert_staff(holds: list[LedgerHold]) -> None:
-    staff = get_user_model().objects.filter(is_staff=True, is_active=True)
-    for user in staff:
-        with translation.override(getattr(user, "language", None) or translation.get_language()):
-            texts = [_hold_text(hold) for hold in holds]
-            subject = _("Suanli: the ledger check found %(count)s problem(s)") % {"count": len(holds)}
-        if user.account_id:
-            for hold, text in zip(holds, texts, strict=True):
-                Notification.objects.get_or_create(
-                    dedupe_key=f"ledger-hold:{hold.id}:{user.account_id}",
-                    defaults={"account_id": user.account_id, "kind": "ledger_hold", "message": text[:300]},
-                )
-        if user.email:
-            send_mail(subject, "\n\n".join(texts), None, [user.email], fail_silently=True)
+    """Each active staff member gets a ``ledger_hold`` notice per hold (emailed in their language)."""
+    staff = list(get_user_model().objects.filter(is_staff=True, is_active=True).values_list("id", flat=True))
+    for hold in holds:
+        notify(
+            users=staff,
+            kind="ledger_hold",
+            key="ledger_hold",
+            params={
+                "problem": hold.kind,
+                "subject": hold.subject,
+                "account": hold.account.name if hold.account_id else "-",
+                "hold": hold.id,
+            },
+            dedupe_key=f"ledger-hold:{hold.id}",
+            url=reverse("admin:billing_ledgerhold_change", args=[hold.id]),
+        )
 
 
 def account_hold_check(*, account: Account) -> None:

@@ -17,11 +17,13 @@ import stripe
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models.functions import Now
+from django.urls import reverse
 from django.utils.translation import gettext as _
 
 from billing.audit import audit_record
 from billing.models import Account, LedgerAccount, StripeEvent, TopUp, TopUpDispute, Transfer
 from billing.permissions import topup_manager_require
+from billing.rules import account_managers
 from billing.services.ledger import (
     Leg,
     lock_accounts,
@@ -33,6 +35,7 @@ from billing.services.ledger import (
     wallet_for,
 )
 from core.errors import ValidationFailed
+from notices.services import notify
 
 log = logging.getLogger(__name__)
 
@@ -436,7 +439,24 @@ def topup_credit(*, checkout_session_id: str, amount_total: int | None) -> str:
         topup.state = TopUp.State.PAID
         topup.paid_at = Now()
         topup.save(update_fields=["state", "paid_at"])
+        _credited_notify(topup)
     return "credited"
+
+
+def _credited_notify(topup: TopUp) -> None:
+    """Whoever paid and the account's managers are told the money arrived (``topup_credited``)."""
+    notify(
+        users=[*account_managers(account=topup.account), topup.created_by_id],
+        kind="topup_credited",
+        key="topup_credited",
+        params={
+            "amount": f"{Decimal(topup.amount_micros) / 1_000_000:.2f}",
+            "currency": topup.currency.upper(),
+            "account": topup.account.name,
+        },
+        dedupe_key=f"topup:{topup.id}:credited",
+        url=reverse("wallet"),
+    )
 
 
 def _credit_locked(

@@ -9,13 +9,13 @@ budgets its ``metered`` signal (``provisioner.services.budgets``). Every stop is
 
 from __future__ import annotations
 
-import uuid
 from datetime import datetime, timedelta
 
 from django.utils import timezone
 
 from provisioner.messages import message
 from provisioner.models import Session, StopWarning
+from provisioner.services.session_notices import session_ids
 from provisioner.services.sessions import session_stop
 from provisioner.services.stop_warnings import stop_warn, stop_warn_ahead, stop_warnings_clear
 
@@ -65,7 +65,7 @@ def sessions_warn_for_funds(
     """Billing's ``runway_low``: warn those running sessions that funds run out in about
     ``runway_seconds`` (the stop itself follows ``funds_exhausted``). Returns warnings made."""
     now = now or timezone.now()
-    ids = _session_ids(session_refs)
+    ids = session_ids(session_refs)
     made = 0
     for session_id, owner_id in Session.objects.filter(id__in=ids, state=S.RUNNING).values_list(
         "id", "owner_id"
@@ -85,7 +85,7 @@ def sessions_warn_for_funds(
 def sessions_stop_for_funds(*, session_refs: list[str]) -> int:
     """Billing's ``funds_exhausted``: stop those sessions (reason "funds exhausted")."""
     stopped = 0
-    for session in Session.objects.filter(id__in=_session_ids(session_refs), state__in=Session.LIVE):
+    for session in Session.objects.filter(id__in=session_ids(session_refs), state__in=Session.LIVE):
         session_stop(session=session, actor=None, reason=message("funds_exhausted"))
         stopped += 1
     return stopped
@@ -93,14 +93,4 @@ def sessions_stop_for_funds(*, session_refs: list[str]) -> int:
 
 def sessions_funds_recovered(*, session_refs: list[str]) -> int:
     """Billing's ``runway_recovered``: funds were added; clear those sessions' funds warnings."""
-    return stop_warnings_clear(session_ids=_session_ids(session_refs), kind=W.FUNDS)
-
-
-def _session_ids(session_refs: list[str]) -> list[uuid.UUID]:
-    ids = []
-    for ref in session_refs:
-        try:
-            ids.append(uuid.UUID(str(ref)))
-        except ValueError:
-            continue  # not one of ours (billing meters other references too)
-    return ids
+    return stop_warnings_clear(session_ids=session_ids(session_refs), kind=W.FUNDS)

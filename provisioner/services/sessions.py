@@ -41,6 +41,7 @@ from provisioner.placement import allocation_free, allocation_place, cpu_node_pi
 from provisioner.quotas import quota_admit, quota_subjects
 from provisioner.sealing import new_token, seal
 from provisioner.selectors import queue_order, queue_served
+from provisioner.services.session_notices import session_ended_notify, session_owner_notify
 
 log = logging.getLogger("provisioner.sessions")
 S = Session.State
@@ -411,7 +412,7 @@ def session_stop(*, session: Session, actor, reason: Message | str) -> Session:
         cancelled, stopping = message("cancelled", why=reason), message("stop", why=reason)
     with transaction.atomic():
         if _transition(session.id, from_states=[S.QUEUED], to=S.STOPPED, reason=cancelled):
-            pass
+            session_ended_notify(session.id, reason=cancelled)
         elif _transition(session.id, from_states=list(Session.ON_NODE), to=S.STOPPING, reason=stopping):
             enqueue.session_stop(session.id)
     session.refresh_from_db()
@@ -437,6 +438,7 @@ def session_end(
         if _transition(session_id, from_states=from_states, to=to, reason=reason, at=ended_at) is None:
             return False
         StopWarning.objects.filter(session_id=session_id, cleared_at__isnull=True).update(cleared_at=ended_at)
+        session_ended_notify(session_id, reason=reason)
         last_alive = Session.objects.filter(id=session_id).values_list("last_alive_at", flat=True).first()
         with contextlib.suppress(NotFound):  # never ran: nothing was metered
             meter_close(
@@ -493,6 +495,7 @@ def session_mark_running(*, session_id, upstream: str, at: datetime | None = Non
             ),
             started_at=at,
         )
+        session_owner_notify(session_id, kind="session_started", key="session_started")
     return True
 
 
@@ -543,6 +546,7 @@ def queue_dispatch(*, now: datetime | None = None) -> int:
                 )
                 if _place(session, model=session.gpu_model, profile=session.profile):
                     placed += 1
+                    session_owner_notify(session.id, kind="session_placed", key="session_placed")
                 else:
                     blocked.add(key)
         except ApplicationError as exc:

@@ -17,12 +17,13 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from billing.codes import code_generate, code_normalize
-from billing.models import CARD_UNIT, Card, CardBatch, LedgerAccount, Notification, Transfer
+from billing.models import CARD_UNIT, Card, CardBatch, LedgerAccount, Transfer
 from billing.services.cards import (
     _make_parts,
     card_batch_issue,
     card_daily_grant,
     card_expire,
+    card_gift,
     card_redeem,
     card_remind,
     card_split,
@@ -32,6 +33,7 @@ from billing.services.metering import meter_alive, meter_cost, meter_open, meter
 from billing.services.pricing import price_quote
 from billing.services.topups import wallet_credit_promotion
 from core.clock import db_now
+from notices.models import Notice
 from portal.services import user_create
 from tests.billing.conftest import A100, assert_ledger_invariants
 
@@ -301,7 +303,7 @@ def test_an_unredeemed_gift_returns_to_its_parent_while_the_parent_is_valid():
     assert_ledger_invariants()
 
 
-def test_reminders_seven_days_and_one_day_before_by_notification_and_mail(django_capture_on_commit_callbacks):
+def test_reminders_seven_days_and_one_day_before_by_notice_and_mail(django_capture_on_commit_callbacks):
     user = _user("reminded")
     _, (code,) = card_batch_issue(hours_micros=2 * HOUR, count=1, valid_days=10)
     card = card_redeem(user=user, account=user.account, code=code)
@@ -310,12 +312,30 @@ def test_reminders_seven_days_and_one_day_before_by_notification_and_mail(django
         assert card_remind(now=card.expires_at - timedelta(days=6)) == 1
         assert card_remind(now=card.expires_at - timedelta(days=5)) == 0  # once per lead time
         assert card_remind(now=card.expires_at - timedelta(hours=20)) == 1
-    assert list(Notification.objects.filter(account=user.account).values_list("kind", flat=True)) == [
-        "card_expiry",
-        "card_expiry",
+    notices = Notice.objects.filter(user=user).order_by("id")
+    assert [(n.kind, n.dedupe_key) for n in notices] == [
+        ("card_expiring", f"card:{card.id}:expiry:7d"),
+        ("card_expiring", f"card:{card.id}:expiry:1d"),
     ]
+    assert f"#{card.id}" in notices[0].text and "2.00 h" in notices[0].text
     assert [m.to for m in mail.outbox] == [["reminded@example.com"], ["reminded@example.com"]]
-    assert "7 days" in mail.outbox[0].subject and "1 day" in mail.outbox[1].subject
+    assert mail.outbox[0].subject == "A compute card expires soon"
+    assert "/cards/" in mail.outbox[0].body
+
+
+def test_a_redeemed_gift_tells_its_new_holder_and_its_giver(django_capture_on_commit_callbacks):
+    giver, friend = _user("giver"), _user("friend")
+    _, (code,) = card_batch_issue(hours_micros=4 * HOUR, count=1, valid_days=10, max_parts=3)
+    card = card_redeem(user=giver, account=giver.account, code=code)
+    part, part_code = card_gift(card_id=card.id, account=giver.account, actor=giver)
+    assert not Notice.objects.exists()  # nothing until it is received
+    with django_capture_on_commit_callbacks(execute=True):
+        card_redeem(user=friend, account=friend.account, code=part_code)
+    received = Notice.objects.get(user=friend, kind="card_received")
+    redeemed = Notice.objects.get(user=giver, kind="card_received")
+    assert "a gift from giver" in received.text and f"#{part.id}" in received.text
+    assert "redeemed by friend" in redeemed.text
+    assert sorted(m.to[0] for m in mail.outbox) == ["friend@example.com", "giver@example.com"]
 
 
 def test_daily_grant_is_off_by_default_and_not_cumulative_when_on(settings):

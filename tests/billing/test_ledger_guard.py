@@ -8,13 +8,14 @@ from django.core import mail
 from django.db import DatabaseError, connection, transaction
 from django.test import Client
 
-from billing.models import AuditEntry, Entry, LedgerHold, Notification, Transfer
+from billing.models import AuditEntry, Entry, LedgerHold, Transfer
 from billing.services.ledger import wallet_adjust, wallet_for
 from billing.services.metering import account_can_launch
 from billing.services.pricing import price_quote
 from billing.services.reconcile import ledger_findings, ledger_hold_resolve, ledger_reconcile
 from billing.tasks import ledger_reconcile_task
 from core.errors import Conflict, ValidationFailed
+from notices.models import Notice
 from portal.services import user_create
 from tests.billing.conftest import A100, assert_ledger_invariants, fund, make_account, seed_prices
 
@@ -82,7 +83,9 @@ def _superuser_sql(sql: str, params: list, *, replica: bool = False) -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_corrupted_cached_balance_alerts_staff_and_blocks_launches_until_resolved(settings):
+def test_a_corrupted_cached_balance_alerts_staff_and_blocks_launches_until_resolved(
+    settings, django_capture_on_commit_callbacks
+):
     seed_prices()
     quote = price_quote(gpu_model=A100, profile="whole")
     admin = user_create(username="ops", email="ops@example.org", password="a-long-pass-phrase-9")
@@ -96,14 +99,15 @@ def test_a_corrupted_cached_balance_alerts_staff_and_blocks_launches_until_resol
     wallet = wallet_for(account=student.account)
     _superuser_sql("UPDATE billing_ledgeraccount SET balance_micros = 900000000 WHERE id = %s", [wallet.id])
 
-    assert ledger_reconcile_task() == 1
+    with django_capture_on_commit_callbacks(execute=True):
+        assert ledger_reconcile_task() == 1
     hold = LedgerHold.objects.get()
     assert hold.kind == "balance" and hold.account_id == student.account_id
     assert hold.detail["cached_micros"] == 900_000_000 and hold.detail["entries_micros"] == 20_000_000
-    alert = Notification.objects.get(account=admin.account, kind="ledger_hold")
+    alert = Notice.objects.get(user=admin, kind="ledger_hold")
     assert "stu" in alert.message and f"#{hold.id}" in alert.message
-    assert "账本" in alert.message  # in the staff member's language
     assert len(mail.outbox) == 1 and mail.outbox[0].to == ["ops@example.org"]
+    assert "账本" in mail.outbox[0].body  # in the staff member's language
     with pytest.raises(Conflict) as blocked:
         account_can_launch(account=student.account, quote=quote, gpu_model=A100)
     assert blocked.value.code == "account_on_hold"
@@ -111,7 +115,8 @@ def test_a_corrupted_cached_balance_alerts_staff_and_blocks_launches_until_resol
     assert 'suanli_ledger_holds_open{kind="balance"} 1.0' in scrape
     assert Client(REMOTE_ADDR="10.0.0.9").get("/metrics").status_code == 403
 
-    assert ledger_reconcile() == []  # one open hold per problem: no second alert
+    with django_capture_on_commit_callbacks(execute=True):
+        assert ledger_reconcile() == []  # one open hold per problem: no second alert
     assert len(mail.outbox) == 1
     with pytest.raises(ValidationFailed):
         ledger_hold_resolve(hold=hold, actor=admin, resolution=" ")

@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 import stripe
+from django.core import mail
 from django.test import Client, override_settings
 
 from billing.models import TopUp, Transfer
@@ -63,6 +64,24 @@ def test_signed_webhook_credits_wallet_once_and_recovers_overdraft(prices):
     assert recovery.amount_micros == owed
     assert (recovery.debit, recovery.credit) == (wallet_for(account=account), overdraft_for(account=account))
     assert_ledger_invariants()
+
+
+@override_settings(STRIPE_WEBHOOK_SECRET=SECRET)
+def test_a_credited_top_up_tells_its_payer_once(django_capture_on_commit_callbacks):
+    from notices.models import Notice
+    from portal.services import user_create
+
+    payer = user_create(username="payer", email="payer@example.com", password="a-long-pass-phrase-9")
+    TopUp.objects.create(
+        account=payer.account, amount_micros=50_000_000, currency="CNY", checkout_session_id="cs_told",
+        created_by=payer,
+    )  # fmt: skip
+    with django_capture_on_commit_callbacks(execute=True):
+        assert _post(*_signed(_paid_event("cs_told", 5000))).status_code == 200
+        assert _post(*_signed(_paid_event("cs_told", 5000) | {"id": "evt_again"})).status_code == 200
+    (told,) = Notice.objects.filter(kind="topup_credited")
+    assert told.user == payer and "50.00 CNY" in told.text and told.url == "/wallet/"
+    assert [m.to for m in mail.outbox] == [["payer@example.com"]]
 
 
 @override_settings(STRIPE_WEBHOOK_SECRET=SECRET)

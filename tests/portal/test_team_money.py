@@ -66,15 +66,23 @@ def test_a_member_cannot_set_caps(team):
     assert not Quota.objects.filter(user=lead, account=team.account).exists()
 
 
-def test_the_dashboard_shows_card_expiry_reminders(team):
-    from billing.models import Notification
+def test_the_dashboard_shows_unread_notices_with_the_bell_count(team):
+    from notices.services import notice_read, notify
 
     _team, lead, _student = team
-    Notification.objects.create(
-        account=lead.account, kind="card_expiry", message="Your card expires tomorrow.", dedupe_key="t-1"
-    )
+    for card in (7, 8):
+        notify(users=[lead], kind="card_expiring", key="card_expiring",
+               params={"card": card, "hours": "2.00", "expires": "2027-01-01 00:00"},
+               dedupe_key=f"card:{card}:expiry:1d")  # fmt: skip
     page = _login(lead).get("/dashboard/").content.decode()
-    assert 'data-testid="notifications"' in page and "Your card expires tomorrow." in page
+    assert 'data-testid="notifications"' in page and "Your compute card #8 with 2.00 h left" in page
+    assert 'data-testid="bell-count">2<' in page
+    notice_read(user=lead, notice_id=lead.notices.get(dedupe_key="card:8:expiry:1d").id)
+    page = _login(lead).get("/dashboard/").content.decode()
+    assert (
+        'data-testid="bell-count">1<' in page
+        and "#8 with" not in page.split('data-testid="notifications"')[1]
+    )
 
 
 def test_a_member_sees_the_team_cards_and_wallet_without_split_gift_or_top_up(team):

@@ -29,8 +29,8 @@ from core.clock import db_now
 from portal.services import access_token_create
 from provisioner.models import Allocation, Device, Node, Session
 from provisioner.services.heartbeats import nodes_liveness_sweep
-from provisioner.services.nodes import node_enroll
 from provisioner.services.limits import sessions_enforce_limits
+from provisioner.services.nodes import node_enroll
 from tests.agents.conftest import (
     REPO,
     execute_request,

@@ -7,10 +7,11 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from django.utils import timezone
+from django.utils import timezone, translation
 
 from billing.models import Meter
 from billing.services.metering import metering_tick
+from notices.models import Notice
 from provisioner.models import Allocation, Session, SessionEvent, StopWarning
 from provisioner.services.heartbeats import nodes_liveness_sweep
 from provisioner.services.limits import sessions_enforce_limits
@@ -21,7 +22,7 @@ from provisioner.services.sessions import (
     session_stop,
 )
 from provisioner.tasks import session_start_task, sessions_enforce_limits_task
-from tests.provisioner.conftest import A100, ENV, beat, gpu, make_node, make_user, workload_status
+from tests.provisioner.conftest import A100, ENV, beat, fund, gpu, make_node, make_user, workload_status
 
 pytestmark = pytest.mark.django_db
 
@@ -212,3 +213,65 @@ def test_a_workload_that_exits_ends_the_session_and_frees_its_slots(node, sent_t
     assert session.state == "stopped" and "exit code 1" in session.reason
     beat(node, [])
     assert not Allocation.objects.exists()
+
+
+def test_the_owner_is_told_when_a_session_starts_ends_and_leaves_the_queue(
+    node, sent_tasks, django_capture_on_commit_callbacks
+):
+    with django_capture_on_commit_callbacks(execute=True):
+        first = running(node, launch())
+        waiting = launch()
+        session_stop(session=first, actor=None, reason="done")
+        beat(node, [])  # the agent confirms it gone: "Stopped", for the reason it was asked to stop
+        assert queue_dispatch() == 1
+        beat(node, [workload_status(waiting, "running")])  # a repeat tells nobody twice
+    told = sorted((n.user_id, n.kind) for n in Notice.objects.all())
+    assert told == sorted(
+        [
+            (first.owner_id, "session_started"),
+            (first.owner_id, "session_stopped"),
+            (waiting.owner_id, "session_placed"),
+            (waiting.owner_id, "session_started"),
+        ]
+    )
+    ended = Notice.objects.get(kind="session_stopped")
+    assert ended.text == "Your A100-SXM4-80GB whole session ended: Stop: done"
+    assert ended.url == f"/sessions/{first.id}/"
+    with translation.override("zh-hans"):
+        assert ended.text != "Your A100-SXM4-80GB whole session ended: Stop: done"
+
+
+def test_a_cancelled_queued_session_tells_its_owner(node, sent_tasks, django_capture_on_commit_callbacks):
+    running(node, launch())
+    waiting = launch()
+    with django_capture_on_commit_callbacks(execute=True):
+        session_stop(session=waiting, actor=None, reason="changed my mind")
+    assert Notice.objects.get(user=waiting.owner, kind="session_stopped").text.endswith(
+        "ended: Cancelled: changed my mind"
+    )
+
+
+def test_runway_low_tells_the_payer_and_warns_the_session_owners(
+    node, sent_tasks, settings, django_capture_on_commit_callbacks
+):
+    settings.BILLING_RUNWAY_WARN_SECONDS = 3600
+    from portal.services import team_create
+
+    lead, student = make_user(), make_user(funds=0)
+    team = team_create(creator=lead, name="Lab")
+    fund(team.account, 2_100_000)  # 10.5 minutes of an A100 at 12/h
+    session = session_launch(
+        user=lead, account=team.account, gpu_model=A100, profile="whole", environment=ENV,
+        max_hours=1, idle_minutes=30, idempotency_key=None,
+    ).session  # fmt: skip
+    Session.objects.filter(id=session.id).update(owner=student)  # a member's session on the team wallet
+    with django_capture_on_commit_callbacks(execute=True):
+        running(node, Session.objects.get(id=session.id))
+        started_at = Meter.objects.get(session_ref=str(session.id)).started_at
+        metering_tick(now=started_at + timedelta(seconds=10))
+        metering_tick(now=started_at + timedelta(seconds=20))  # warned once
+    low = Notice.objects.filter(kind="runway_low")
+    assert [n.user_id for n in low] == [lead.id]  # the payer, who can top up
+    assert "Lab" in low[0].text and "minutes" in low[0].text
+    (warned,) = Notice.objects.filter(kind="stop_warning")  # the owner: their session stops
+    assert warned.user_id == student.id and "Funds are running out" in warned.text

@@ -33,6 +33,8 @@ from billing.models import (
     Transfer,
 )
 from billing.services.cards import card_batch_issue, card_redeem, card_split
+from notices.models import Notice
+from notices.services import notify
 from portal.models import AccessToken, Membership, TeamInvite
 from portal.services import access_token_create, team_create, team_invite_create
 from provisioner.models import Node, Quota, Session
@@ -154,6 +156,9 @@ def world(db, settings) -> World:
     mallory_team = team_create(creator=mallory, name="mallorylab")
     _batch, (spare_code,) = card_batch_issue(hours_micros=2 * HOUR, count=1, valid_days=30)
     alice_token, _raw = access_token_create(user=alice, name="alice-ci", scopes=ALL_SCOPES)
+    alice_session = _launch(alice, alice.account)
+    notify(users=[alice], kind="session_placed", key="session_placed", params={"session": "alice's"},
+           dedupe_key="alice-notice", url=f"/sessions/{alice_session.id}/")  # fmt: skip
     return World(
         alice=alice,
         bob=bob,
@@ -161,7 +166,7 @@ def world(db, settings) -> World:
         staff=staff,
         team=team,
         mallory_team=mallory_team,
-        alice_session=_launch(alice, alice.account),
+        alice_session=alice_session,
         bob_team_session=_launch(bob, team.account),
         alice_card=_redeemed_card(alice, alice.account, 6),
         team_card=_redeemed_card(alice, team.account, 6),
@@ -189,6 +194,7 @@ def state_of_the_world() -> dict:
         "audit": AuditEntry.objects.count(),
         "prices": Price.objects.count(),
         "batches": CardBatch.objects.count(),
+        "notices": sorted(Notice.objects.values_list("id", "read_at", "dismissed_at")),
     }
 
 
@@ -395,6 +401,15 @@ MATRIX: dict[tuple[str, str], list[Probe]] = {
     ),
     ("DELETE", "/api/v1/teams/{slug}/members/{user_id}"): _member_probes("DELETE", ""),
     ("PUT", "/api/v1/teams/{slug}/members/{user_id}/cap"): _member_probes("PUT", "/cap", lambda w: CAP),
+    ("GET", "/api/v1/notices/"): [Probe("GET", lambda w: "/api/v1/notices/", expect=200)],
+    ("POST", "/api/v1/notices/read-all"): [Probe("POST", lambda w: "/api/v1/notices/read-all", expect=200)],
+    ("POST", "/api/v1/notices/{notice_id}/read"): [
+        Probe("POST", lambda w: f"/api/v1/notices/{Notice.objects.get(user=w.alice).id}/read"),
+        Probe("POST", lambda w: f"/api/v1/notices/{Notice.objects.get(user=w.alice).id}/read", who="bob"),
+    ],
+    ("POST", "/api/v1/notices/{notice_id}/dismiss"): [
+        Probe("POST", lambda w: f"/api/v1/notices/{Notice.objects.get(user=w.alice).id}/dismiss"),
+    ],
     ("GET", "/api/v1/admin/nodes"): _staff_probes("GET", lambda w: "/api/v1/admin/nodes"),
     ("POST", "/api/v1/admin/nodes"): _staff_probes(
         "POST", lambda w: "/api/v1/admin/nodes", lambda w: {"name": "rogue", "address": "http://10.0.0.9:1"}

@@ -1,0 +1,27 @@
+"""What the bell, the notices page and the API read."""
+
+from __future__ import annotations
+
+from django.db.models import QuerySet
+
+from notices.kinds import KINDS, Kind
+from notices.models import Notice, NoticePreference
+
+
+def notices_unread_count(*, user) -> int:
+    """How many of ``user``'s notices are unread and not dismissed (one COUNT, on a partial index)."""
+    return Notice.objects.filter(user_id=user.pk, read_at__isnull=True, dismissed_at__isnull=True).count()
+
+
+def notices_recent(*, user, limit: int = 20, unread_only: bool = False) -> QuerySet[Notice]:
+    """``user``'s notices not dismissed, newest first, at most ``limit``."""
+    notices = Notice.objects.filter(user_id=user.pk, dismissed_at__isnull=True)
+    if unread_only:
+        notices = notices.filter(read_at__isnull=True)
+    return notices.order_by("-created_at", "-id")[:limit]
+
+
+def notice_email_choices(*, user) -> list[tuple[Kind, bool]]:
+    """Each kind with whether ``user`` is emailed about it (their choice, else the kind's default)."""
+    chosen = dict(NoticePreference.objects.filter(user_id=user.pk).values_list("kind", "email"))
+    return [(kind, chosen.get(kind.name, kind.email_default)) for kind in KINDS.values()]
