@@ -222,7 +222,7 @@ class EventOut(serializers.Serializer):
         return event.message_params if event.message_key else None
 
 
-class NoticeOut(serializers.Serializer):  # renders a selectors.StopNotice
+class StopNoticeOut(serializers.Serializer):  # renders a selectors.StopNotice
     kind = serializers.ChoiceField(choices=StopWarning.Kind.choices, help_text="Why the session will stop.")
     message = serializers.CharField(help_text="The line in the reader's language.")
     due_at = UtcDateTimeField(help_text="When the session stops unless the cause goes away.")
@@ -230,7 +230,7 @@ class NoticeOut(serializers.Serializer):  # renders a selectors.StopNotice
     still_here = serializers.BooleanField(help_text="Whether POST …/still-here puts it off (idle).")
 
 
-class NoticeLabelsOut(serializers.Serializer):
+class StopNoticeLabelsOut(serializers.Serializer):
     still_here = serializers.CharField(help_text="The button of a warning that can be put off.")
     stops_in = serializers.CharField(help_text="The time left; {time} stands for it (e.g. 4:59).")
 
@@ -239,8 +239,8 @@ class NoticesOut(serializers.Serializer):
     """What JupyterLab shows inside a session (agents/labextensions/suanli-notices): every string in the
     reader's language, so the extension has none of its own."""
 
-    warnings = NoticeOut(many=True, help_text="Live stop warnings, soonest first.")
-    labels = NoticeLabelsOut()
+    warnings = StopNoticeOut(many=True, help_text="Live stop warnings, soonest first.")
+    labels = StopNoticeLabelsOut()
     poll_seconds = serializers.IntegerField(help_text="How long the extension waits before asking again.")
 
 

@@ -24,12 +24,11 @@ from django.utils import timezone
 
 from billing.models import Meter
 from billing.services.metering import metering_tick
-from conftest import subprocess_env
+from conftest import start_celery, subprocess_env
 from core.clock import db_now
 from portal.services import access_token_create
 from provisioner.models import Allocation, Device, Node, Session
 from provisioner.services.heartbeats import nodes_liveness_sweep
-from provisioner.services.limits import sessions_enforce_limits
 from provisioner.services.nodes import node_enroll
 from tests.agents.conftest import (
     REPO,
@@ -291,11 +290,11 @@ def test_a_killed_agent_loses_its_sessions_and_cleans_orphans_when_it_returns(
 IDLE_SECONDS = 4
 
 
-def test_a_kernel_busy_on_the_cpu_is_never_idle_stopped_and_an_untouched_session_is(portal, agents, settings):
+def test_a_kernel_busy_on_the_cpu_is_never_idle_stopped_and_an_untouched_session_is(portal, agents, tmp_path):
     """Two CPU sessions on node-a with a 4 s idle stop: one kernel loops on the CPU (no browser
-    connected), the other session is left alone. Over four idle periods the untouched one is stopped
-    for idleness and the busy one never is."""
-    settings.SESSION_STOP_WARN_SECONDS = 2
+    connected), the other session is left alone. Celery beat runs the limits sweep every half second on
+    the worker. Over four idle periods the untouched one is stopped for idleness and the busy one never
+    is."""
     node = agents.enroll_and_start("node-a")
     wait_for(lambda: Device.objects.filter(node=node).exists(), 20, 0.2, "node-a's GPUs")
     api = api_for(portal, make_user())
@@ -313,14 +312,15 @@ def test_a_kernel_busy_on_the_cpu_is_never_idle_stopped_and_an_untouched_session
         idle_seconds=IDLE_SECONDS, last_active_at=timezone.now()
     )
 
+    beat = start_celery("beat", tmp_path, env=subprocess_env(SESSION_LIMITS_SWEEP_SECONDS="0.5"))
     stopped_at = None
     ends = time.monotonic() + 4 * IDLE_SECONDS
     while time.monotonic() < ends:
-        sessions_enforce_limits()
         if stopped_at is None and Session.objects.get(id=untouched["id"]).state != "running":
             stopped_at = time.monotonic()
         assert Session.objects.get(id=busy["id"]).state == "running"
         time.sleep(0.25)
+    beat.stop()
     assert stopped_at is not None, "the untouched session was never stopped"
     assert "idle" in wait_state(api, untouched["id"], ("stopped",), 30)["reason"]
     kept = Session.objects.get(id=busy["id"])
