@@ -19,7 +19,7 @@ from portal.services import access_token_create
 from provisioner.models import Session, StopWarning
 from provisioner.quotas import quota_set
 from tests.browser.steps import a100_offer, product_stack, stack_env, wait_for_free_gpu
-from tests.provisioner.conftest import A100, ENV, make_user
+from tests.provisioner.conftest import A100, make_user
 from tests.provisioner.factories import team_make
 from tests.stack import wait_for
 
@@ -46,7 +46,7 @@ def _api(web_url: str, user) -> httpx.Client:
 
 
 def _launch_running(api: httpx.Client, **fields) -> Session:
-    body = {"gpu_model": A100, "profile": "1/4", "environment": ENV, "max_hours": 1, **fields}
+    body = {"gpu_model": A100, "profile": "1/4", "environment": "python-3.11", "max_hours": 1, **fields}
     response = api.post("/api/v1/sessions", json=body)
     assert response.status_code == 201, response.text
     session_id = response.json()["id"]
