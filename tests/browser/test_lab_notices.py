@@ -28,12 +28,17 @@ from tests.browser.steps import (
 from tests.stack import wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+# The lab open in Chromium, its notebook's kernel idle, must read as idle here: a browser connected to a
+# kernel is not counted, and a fake GPU's figure for the session's processes (its fleet's, always the same)
+# is under the bar.
+OPEN_LAB_IS_IDLE = {"SESSION_IDLE_COUNT_CONNECTED": "0", "SESSION_IDLE_GPU_PERCENT": "99"}
 WARNING_TEXT = "No activity: this session stops in about 5 minutes unless used."
 
 
 @pytest.fixture
 def stack(tmp_path):
-    with product_stack(tmp_path, env=stack_env(SESSION_NOTICES_POLL_SECONDS="1")) as started:
+    env = stack_env(SESSION_NOTICES_POLL_SECONDS="1", **OPEN_LAB_IS_IDLE)
+    with product_stack(tmp_path, env=env) as started:
         yield started
 
 
@@ -64,6 +69,11 @@ def test_an_idle_warning_shows_in_the_lab_and_im_still_here_keeps_the_session(br
     banner = lab.locator("#suanli-notices")
     assert banner.count() == 0  # nothing to say yet
 
+    def quiet() -> bool:  # the kernel's start is activity, seen for a few heartbeats: let it pass
+        last = Session.objects.get(pk=session.pk).last_active_at
+        return (timezone.now() - last).total_seconds() > 4
+
+    wait_for(quiet, timeout=30, what="the lab to fall quiet")
     long_ago = timezone.now() - timedelta(minutes=55)
     Session.objects.filter(pk=session.pk).update(last_active_at=long_ago)
     warning = _idle_warning(session)
@@ -95,6 +105,7 @@ def idle_stack(tmp_path):
     env = stack_env(
         SESSION_NOTICES_POLL_SECONDS="1",
         SESSION_LIMITS_SWEEP_SECONDS="1",
+        **OPEN_LAB_IS_IDLE,
         SESSION_STOP_WARN_SECONDS="25",
         EMAIL_URL=f"file://{tmp_path / 'mail'}",
     )
@@ -106,7 +117,7 @@ def test_an_untouched_session_is_warned_on_the_page_by_email_and_in_the_lab_then
     browser, idle_stack, artifacts_dir, tmp_path
 ):
     """Beat runs the limits sweep every second; the session may idle 40 s and is warned 25 s ahead. The
-    lab stays open in Chromium with no notebook: an open page is not use (no kernel, no terminal)."""
+    lab stays open in Chromium, untouched (``OPEN_LAB_IS_IDLE``)."""
     stack = idle_stack
     code = a100_offer()
     wait_for_free_gpu(stack)
