@@ -20,6 +20,7 @@ from core.errors import NotFound
 from provisioner import quotas
 from provisioner.models import (
     SLOTS_PER_GPU,
+    Allocation,
     AllocationSlot,
     Device,
     Environment,
@@ -30,6 +31,7 @@ from provisioner.models import (
     StopWarning,
 )
 from provisioner.placement import free_index, request_for
+from provisioner.preemption import Preemptible
 from provisioner.sealing import unseal
 
 _USER_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
@@ -168,6 +170,21 @@ def queue_order(sessions: list[Session], *, served: dict[int, int] | None = None
         rank[session.account_id] = rank.get(session.account_id, 0) + 1
         keyed.append(((-session.queue_priority, rank[session.account_id], session.queued_at), session))
     return [s for _key, s in sorted(keyed, key=lambda pair: pair[0])]
+
+
+def preemptible_sessions(*, gpu_model_id: int, now: datetime) -> list[Preemptible]:
+    """The allocations of ``gpu_model_id`` an on-demand launch may take by preemption: those of running
+    interruptible sessions not already being stopped for another request."""
+    rows = Allocation.objects.filter(
+        session__gpu_model_id=gpu_model_id,
+        session__tier=Session.Tier.INTERRUPTIBLE,
+        session__state=Session.State.RUNNING,
+        session__preempted_for__isnull=True,
+    ).values_list("session_id", "device_id", "slot_start", "slot_count", "session__running_at")
+    return [
+        Preemptible(session_id, device_id, start, count, (now - (running_at or now)).total_seconds())
+        for session_id, device_id, start, count, running_at in rows
+    ]
 
 
 def queue_served(*, account_ids) -> dict[int, int]:

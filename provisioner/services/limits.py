@@ -1,9 +1,10 @@
 """Stops the portal decides on its own, each announced first (``stop_warnings``): the longest session
-time, idle, funds running out, a monthly budget reached.
+time, idle, funds running out, a monthly budget reached, preemption.
 
 The sweep (``sessions_enforce_limits``, every SESSION_LIMITS_SWEEP_SECONDS) warns and stops for the
-longest time and idle; funds follow the metering tick's ``runway_low`` / ``funds_exhausted`` signals,
-budgets its ``metered`` signal (``provisioner.services.budgets``). Every stop is a conditional update
+longest time and idle, and stops the interruptible sessions whose preemption warning is due (warned by
+``preemption.preemption_claim``); funds follow the metering tick's ``runway_low`` / ``funds_exhausted``
+signals, budgets its ``metered`` signal (``provisioner.services.budgets``). Every stop is a conditional update
 (``session_stop``): safe to run anywhere, any time, twice.
 """
 
@@ -17,7 +18,12 @@ from provisioner.messages import message
 from provisioner.models import Session, StopWarning
 from provisioner.services.session_notices import session_ids
 from provisioner.services.sessions import session_stop
-from provisioner.services.stop_warnings import stop_warn, stop_warn_ahead, stop_warnings_clear
+from provisioner.services.stop_warnings import (
+    stop_warn,
+    stop_warn_ahead,
+    stop_warnings_clear,
+    stop_warnings_due,
+)
 
 S = Session.State
 W = StopWarning.Kind
@@ -25,9 +31,10 @@ W = StopWarning.Kind
 
 def sessions_enforce_limits(*, now: datetime | None = None) -> dict[str, int]:
     """Warn running sessions near their longest time or their idle time, and stop those past it.
-    Returns counts: stops for ``max_duration`` and ``idle``, and warnings made (``warned``)."""
+    Returns counts: stops for ``max_duration``, ``idle`` and ``preempted``, and warnings made
+    (``warned``)."""
     now = now or timezone.now()
-    counts = {"max_duration": 0, "idle": 0, "warned": 0}
+    counts = {"max_duration": 0, "idle": 0, "warned": 0, "preempted": sessions_preempt_due(now=now)}
     running = Session.objects.filter(state=S.RUNNING).values_list(
         "id", "owner_id", "running_at", "max_seconds", "idle_seconds", "last_active_at"
     )
@@ -57,6 +64,19 @@ def sessions_enforce_limits(*, now: datetime | None = None) -> dict[str, int]:
         ]
         counts["warned"] += sum(warned)
     return counts
+
+
+def sessions_preempt_due(*, now: datetime | None = None) -> int:
+    """Stop the running interruptible sessions whose preemption warning is due and that are still
+    claimed (a claim released meanwhile spares them). Returns how many were stopped."""
+    now = now or timezone.now()
+    due = stop_warnings_due(kind=W.PREEMPT, now=now)
+    claimed = Session.objects.filter(id__in=list(due), preempted_for__isnull=False).values_list(
+        "id", flat=True
+    )
+    for session_id in claimed:
+        session_stop(session=Session(id=session_id), actor=None, reason=message("preempted"))
+    return len(claimed)
 
 
 def sessions_warn_for_funds(
