@@ -451,7 +451,8 @@ def _place(session: Session, *, model: GpuModel | None, profile: Profile) -> boo
 
 
 def session_stop(*, session: Session, actor, reason: Message | str) -> Session:
-    """Ask a session to stop. Queued: cancelled at once (→ stopped). On a node: → stopping, and the stop
+    """Ask a session to stop. Queued: cancelled at once (→ stopped; the interruptible sessions it
+    claimed are spared). On a node: → stopping, and the stop
     task deletes the workload on the agent after commit. Already stopping or ended: unchanged.
     ``reason``: a message, or someone's own words (shown as they are). Idempotent; a conditional update
     on the state, no locks held across the agent call."""
@@ -462,6 +463,7 @@ def session_stop(*, session: Session, actor, reason: Message | str) -> Session:
         cancelled, stopping = message("cancelled", why=reason), message("stop", why=reason)
     with transaction.atomic():
         if _transition(session.id, from_states=[S.QUEUED], to=S.STOPPED, reason=cancelled):
+            preemption_release(claimer_id=session.id)
             session_ended_notify(session.id, reason=cancelled)
         elif _transition(session.id, from_states=list(Session.ON_NODE), to=S.STOPPING, reason=stopping):
             enqueue.session_stop(session.id)
@@ -560,11 +562,19 @@ def _resumed_session_create(*, preempted_id) -> Session:
 
 
 def session_freed_after_gone(*, session_ids) -> int:
-    """The agent no longer lists these ended sessions: free what they still hold. Returns how many."""
+    """The agent no longer lists these ended sessions: free what they still hold, except the slots a
+    preempted session holds for the on-demand session that waits for them (the queue dispatch hands
+    those over). Returns how many."""
     freed = 0
     with transaction.atomic():
+        held = set(
+            Session.objects.filter(id__in=list(session_ids), preempted_for__state=S.QUEUED).values_list(
+                "id", flat=True
+            )
+        )
         for session_id in session_ids:
-            freed += allocation_free(session_id=session_id)
+            if session_id not in held:
+                freed += allocation_free(session_id=session_id)
         if freed:
             enqueue.queue_dispatch()
     return freed
