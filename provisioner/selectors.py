@@ -187,6 +187,15 @@ def preemptible_sessions(*, gpu_model_id: int, now: datetime) -> list[Preemptibl
     ]
 
 
+def resumed_as_of(*, session_ids) -> dict[uuid.UUID, uuid.UUID]:
+    """Preempted session id → the session that resumes it (one query; none for no ids)."""
+    if not session_ids:
+        return {}
+    return dict(
+        Session.objects.filter(resumed_from_id__in=list(session_ids)).values_list("resumed_from_id", "id")
+    )
+
+
 def queue_served(*, account_ids) -> dict[int, int]:
     """For ``queue_order``: how many sessions each of these accounts has on nodes now."""
     rows = (

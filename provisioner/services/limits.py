@@ -2,10 +2,11 @@
 time, idle, funds running out, a monthly budget reached, preemption.
 
 The sweep (``sessions_enforce_limits``, every SESSION_LIMITS_SWEEP_SECONDS) warns and stops for the
-longest time and idle, and stops the interruptible sessions whose preemption warning is due (warned by
-``preemption.preemption_claim``); funds follow the metering tick's ``runway_low`` / ``funds_exhausted``
-signals, budgets its ``metered`` signal (``provisioner.services.budgets``). Every stop is a conditional update
-(``session_stop``): safe to run anywhere, any time, twice.
+longest time and idle; a step of its own in the same beat task (``sessions_preempt_due``) stops the
+interruptible sessions whose preemption warning is due (warned by ``preemption.preemption_claim``).
+Funds follow the metering tick's ``runway_low`` / ``funds_exhausted`` signals, budgets its ``metered``
+signal (``provisioner.services.budgets``). Every stop is a conditional update (``session_stop``): safe
+to run anywhere, any time, twice.
 """
 
 from __future__ import annotations
@@ -31,10 +32,9 @@ W = StopWarning.Kind
 
 def sessions_enforce_limits(*, now: datetime | None = None) -> dict[str, int]:
     """Warn running sessions near their longest time or their idle time, and stop those past it.
-    Returns counts: stops for ``max_duration``, ``idle`` and ``preempted``, and warnings made
-    (``warned``)."""
+    Returns counts: stops for ``max_duration`` and ``idle``, and warnings made (``warned``)."""
     now = now or timezone.now()
-    counts = {"max_duration": 0, "idle": 0, "warned": 0, "preempted": sessions_preempt_due(now=now)}
+    counts = {"max_duration": 0, "idle": 0, "warned": 0}
     running = Session.objects.filter(state=S.RUNNING).values_list(
         "id", "owner_id", "running_at", "max_seconds", "idle_seconds", "last_active_at"
     )

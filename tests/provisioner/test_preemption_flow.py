@@ -15,7 +15,7 @@ from billing.services.pricing import price_set
 from core.errors import ValidationFailed
 from notices.models import Notice
 from provisioner.models import Allocation, Session, StopWarning
-from provisioner.services.limits import sessions_enforce_limits
+from provisioner.services.limits import sessions_preempt_due
 from provisioner.services.sessions import queue_dispatch, session_launch, session_stop
 from tests.provisioner.conftest import A100, ENV, beat, gpu, make_node, make_user, workload_status
 
@@ -72,9 +72,9 @@ def test_an_on_demand_launch_preempts_warns_stops_after_the_grace_and_takes_the_
     assert "about 2 minutes" in warning.message_display and "home folder is kept" in warning.message_display
     assert Notice.objects.filter(user=cheap_user, kind="stop_warning").count() == 1
 
-    assert sessions_enforce_limits(now=warning.due_at - timedelta(seconds=1))["preempted"] == 0
+    assert sessions_preempt_due(now=warning.due_at - timedelta(seconds=1)) == 0
     assert states(victim) == ["running"]
-    assert sessions_enforce_limits(now=warning.due_at + timedelta(seconds=1))["preempted"] == 1
+    assert sessions_preempt_due(now=warning.due_at + timedelta(seconds=1)) == 1
     assert states(victim) == ["stopping"]
     assert queue_dispatch() == 0  # the agent has not confirmed the workload gone
 
@@ -95,7 +95,7 @@ def test_the_victim_is_billed_to_its_stop_at_the_interruptible_price(node, sent_
     run(node, victim)
     launch(make_user())
     warning = preempt_warning(victim)
-    sessions_enforce_limits(now=warning.due_at + timedelta(seconds=1))
+    sessions_preempt_due(now=warning.due_at + timedelta(seconds=1))
     beat(node, [])
     victim.refresh_from_db()
     metering_tick(now=victim.ended_at + timedelta(minutes=5))
@@ -113,7 +113,7 @@ def test_a_preempted_session_that_asked_to_resume_is_queued_again_and_placed_whe
     victim = launch(owner, tier="interruptible", resume=True)
     run(node, victim)
     on_demand = launch(make_user())
-    sessions_enforce_limits(now=preempt_warning(victim).due_at + timedelta(seconds=1))
+    sessions_preempt_due(now=preempt_warning(victim).due_at + timedelta(seconds=1))
     beat(node, [])
     resumed = Session.objects.get(resumed_from=victim)
     assert (resumed.owner_id, resumed.account_id, resumed.profile_id, resumed.environment_id) == (
@@ -144,7 +144,7 @@ def test_cancelling_the_on_demand_session_spares_its_victims(node, sent_tasks):
     assert states(on_demand) == ["stopped"]
     victim.refresh_from_db()
     assert victim.preempted_for_id is None and preempt_warning(victim) is None
-    assert sessions_enforce_limits(now=due + timedelta(seconds=1))["preempted"] == 0
+    assert sessions_preempt_due(now=due + timedelta(seconds=1)) == 0
     assert states(victim) == ["running"]
 
 
@@ -152,7 +152,7 @@ def test_a_victim_ending_after_its_on_demand_session_gave_up_frees_its_slots(nod
     victim = launch(make_user(), tier="interruptible")
     run(node, victim)
     on_demand = launch(make_user())
-    sessions_enforce_limits(now=preempt_warning(victim).due_at + timedelta(seconds=1))
+    sessions_preempt_due(now=preempt_warning(victim).due_at + timedelta(seconds=1))
     session_stop(session=on_demand, actor=None, reason="changed my mind")
     beat(node, [])  # the victim was already stopping: it stops, and holds its slots for nobody
     assert states(victim) == ["stopped"]
