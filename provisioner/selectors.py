@@ -15,7 +15,7 @@ from django.utils.translation import gettext as _
 
 from billing.models import Account
 from billing.rules import accounts_payable_by
-from billing.services.pricing import price_quote
+from billing.services.pricing import INTERRUPTIBLE, ON_DEMAND, price_quote
 from core.errors import NotFound
 from provisioner import quotas
 from provisioner.models import (
@@ -300,16 +300,20 @@ def _count_fits(index, request) -> int:
     return count
 
 
-def _price(*, gpu_model: str, profile: str) -> dict | None:
-    """The catalog's price of a choice (from billing), or None when it has none."""
+def _price(*, gpu_model: str, profile: str, tier: str = ON_DEMAND) -> dict | None:
+    """The catalog's price of a choice (from billing), or None when it has none; an on-demand price
+    carries its ``interruptible`` one beside it (None: that tier is not offered)."""
     try:
-        quote = price_quote(gpu_model=gpu_model, profile=profile)
+        quote = price_quote(gpu_model=gpu_model, profile=profile, tier=tier)
     except NotFound:
         return None
-    return {
+    price = {
         "price_micros_per_hour": quote.price_micros_per_hour,
         "card_burn_micros_per_hour": quote.card_burn_micros_per_hour,
     }
+    if tier == ON_DEMAND:
+        price["interruptible"] = _price(gpu_model=gpu_model, profile=profile, tier=INTERRUPTIBLE)
+    return price
 
 
 def catalog() -> dict:

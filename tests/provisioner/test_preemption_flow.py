@@ -17,7 +17,7 @@ from notices.models import Notice
 from provisioner.models import Allocation, Session, StopWarning
 from provisioner.services.limits import sessions_preempt_due
 from provisioner.services.sessions import queue_dispatch, session_launch, session_stop
-from tests.provisioner.conftest import A100, ENV, beat, gpu, make_node, make_user, workload_status
+from tests.provisioner.conftest import A100, ENV, beat, client_for, gpu, make_node, make_user, workload_status
 
 pytestmark = pytest.mark.django_db
 CHEAP_MICROS = 4_000_000
@@ -200,3 +200,47 @@ def test_the_interruptible_tier_needs_its_price(node):
         launch(make_user(), gpu_model="", profile="cpu", tier="interruptible")
     with pytest.raises(ValidationFailed):
         launch(make_user(), tier="spot")
+
+
+def test_the_session_page_and_the_api_show_the_preemption_and_the_resume(node, sent_tasks, client):
+    owner = make_user()
+    victim = launch(owner, tier="interruptible", resume=True)
+    run(node, victim)
+    launch(make_user())
+    sessions_preempt_due(now=preempt_warning(victim).due_at + timedelta(seconds=1))
+    beat(node, [])
+    resumed = Session.objects.get(resumed_from=victim)
+    client.force_login(owner)
+    page = client.get(f"/sessions/{victim.id}/").content.decode()
+    assert "Preempted; waiting to resume" in page and f"/sessions/{resumed.id}/" in page
+    assert f"/sessions/{victim.id}/" in client.get(f"/sessions/{resumed.id}/").content.decode()
+    body = client_for(owner).get(f"/api/v1/sessions/{victim.id}").json()
+    assert (body["tier"], body["preempted"], body["resumed_as"]) == ("interruptible", True, str(resumed.id))
+
+
+def test_the_launch_page_and_the_catalog_show_the_interruptible_price_beside_on_demand(node, client):
+    user = make_user()
+    client.force_login(user)
+    page = client.get("/launch/", {"gpu_model": A100, "profile": "1/2"}).content.decode()
+    assert 'data-testid="interruptible-price"' in page and 'name="tier" value="interruptible"' in page
+    offered = client_for(user).get("/api/v1/catalog").json()["gpu_models"]
+    half = next(p for m in offered if m["name"] == A100 for p in m["profiles"] if p["profile"] == "1/2")
+    assert half["price"]["price_micros_per_hour"] == 6_000_000
+    assert half["price"]["interruptible"]["price_micros_per_hour"] == CHEAP_MICROS // 2
+    t4 = next(p for m in offered if m["name"] == "T4" for p in m["profiles"] if p["profile"] == "whole")
+    assert t4["price"]["interruptible"] is None
+
+
+def test_a_launch_through_the_form_can_be_interruptible_and_resume(node, client, sent_tasks):
+    user = make_user()
+    client.force_login(user)
+    client.post(
+        "/launch/",
+        {"gpu_model": A100, "profile": "whole", "environment": ENV, "tier": "interruptible", "resume": "on"},
+    )
+    session = Session.objects.get(owner=user)
+    assert (session.tier, session.resume, session.price_micros_per_hour) == (
+        "interruptible",
+        True,
+        CHEAP_MICROS,
+    )
