@@ -42,17 +42,22 @@ def preemption_grace() -> timedelta:
 
 def preemption_claim(*, claimer: Session, now: datetime | None = None) -> list:
     """For a queued on-demand session that found no room: choose interruptible sessions whose stop
-    makes room for it on one device, claim them for it and warn them. Returns the victims' ids (empty:
-    nothing to preempt, or it has live victims already). Call inside the caller's transaction, after
-    placement failed.
+    makes room for it on one device, claim them for it and warn them. Returns the ids of the victims it
+    waits for: those just claimed, or those it had claimed already and that still run (empty: nothing
+    to preempt). Call inside the caller's transaction, after placement failed.
 
     Each claim is a conditional update (running, interruptible, unclaimed), in session id order (no
     deadlock between two claimers); a claim lost to a concurrent request rolls the savepoint back and
     chooses again, at most CLAIM_TRIES times."""
     if claimer.tier != Session.Tier.ON_DEMAND or claimer.gpu_model_id is None:
         return []
-    if Session.objects.filter(preempted_for_id=claimer.id).exclude(state__in=Session.ENDED).exists():
-        return []
+    waiting_on = list(
+        Session.objects.filter(preempted_for_id=claimer.id)
+        .exclude(state__in=Session.ENDED)
+        .values_list("id", flat=True)
+    )
+    if waiting_on:
+        return waiting_on
     now = now or timezone.now()
     request = request_for(gpu_model=claimer.gpu_model, profile=claimer.profile)
     for _try in range(CLAIM_TRIES):

@@ -259,19 +259,23 @@ def session_launch(
         )
         if placed:
             enqueue.session_start(session.id)
-        elif _first_on_demand_waiting(session):
+        elif _on_demand_unprovided_first(session):
             preemption_claim(claimer=session)
     return Launched(session, replayed=False)
 
 
-def _first_on_demand_waiting(session: Session) -> bool:
-    """Whether ``session`` is on demand and no other on-demand session waits for its GPU model (the
-    head of the queue preempts; one behind it waits its turn)."""
+def _on_demand_unprovided_first(session: Session) -> bool:
+    """Whether ``session`` is on demand and every other on-demand session waiting for its GPU model is
+    provided for (it has interruptible sessions stopping for it): the first unprovided one preempts,
+    those behind it wait their turn in the queue."""
     return (
         session.tier == Session.Tier.ON_DEMAND
         and session.gpu_model_id is not None
         and not Session.objects.filter(
-            state=S.QUEUED, gpu_model_id=session.gpu_model_id, tier=Session.Tier.ON_DEMAND
+            state=S.QUEUED,
+            gpu_model_id=session.gpu_model_id,
+            tier=Session.Tier.ON_DEMAND,
+            preempting__isnull=True,
         )
         .exclude(id=session.id)
         .exists()
@@ -681,14 +685,15 @@ def queue_dispatch(*, now: datetime | None = None) -> int:
 
 
 def _blocked_by(session: Session) -> set:
-    """The queue keys a session that did not fit blocks. An on-demand one blocks both tiers of its GPU
-    model, after claiming interruptible sessions to stop for it (it is the head of the on-demand line);
-    an interruptible one blocks only the interruptible sessions behind it (it never holds back an
-    on-demand one)."""
-    if session.tier == Session.Tier.INTERRUPTIBLE:
-        return {(session.gpu_model_id, session.tier)}
-    preemption_claim(claimer=session)
-    return {(session.gpu_model_id, tier) for tier in Session.Tier.values}
+    """The queue keys a session that did not fit blocks. An interruptible one blocks only the
+    interruptible sessions behind it (it never holds back an on-demand one). An on-demand one (the
+    first of its GPU model still unplaced) claims interruptible sessions to stop for it: provided for so,
+    it blocks only the interruptible ones, and the on-demand ones behind it may preempt in turn;
+    otherwise it blocks both tiers (no starvation of a large request)."""
+    interruptible = {(session.gpu_model_id, Session.Tier.INTERRUPTIBLE)}
+    if session.tier == Session.Tier.INTERRUPTIBLE or preemption_claim(claimer=session):
+        return interruptible
+    return interruptible | {(session.gpu_model_id, Session.Tier.ON_DEMAND)}
 
 
 def node_sessions_lost(*, node: Node, reason: Message | str) -> int:
