@@ -240,9 +240,9 @@ class Session(models.Model):
     queue_max_wait_seconds = models.PositiveIntegerField(default=3600)
     # The interruptible tier: a lower price, and an on-demand launch may preempt the session (a warning,
     # a grace period, a stop). ``resume``: re-queue it when preempted. ``preempted_for``: the queued
-    # on-demand session it is being stopped for (one claimer at a time; cleared if that one is placed
-    # elsewhere first); ``preempted_at`` stays once it was warned. ``resumed_from``: the preempted session
-    # this one re-queues.
+    # on-demand session it is claimed for (one claimer at a time; cleared while it still runs if that
+    # one is placed elsewhere first); ``preempted_at``: when the preemption stopped it (not its owner's
+    # own stop during the grace). ``resumed_from``: the preempted session this one re-queues.
     tier = models.CharField(max_length=16, choices=Tier.choices, default=Tier.ON_DEMAND)
     resume = models.BooleanField(default=False)
     preempted_for = models.ForeignKey(

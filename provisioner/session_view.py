@@ -214,8 +214,7 @@ def session_views(
             stop_notices=tuple(notices.get(s.id, ())),
             tier=s.tier,
             resume=s.resume,
-            preempted=s.preempted_at is not None
-            and s.state not in (S.QUEUED, S.PLACING, S.STARTING, S.RUNNING),
+            preempted=s.preempted_at is not None,
             resumed_from=s.resumed_from_id,
             resumed_as=resumed.get(s.id),
         )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+from django.db import transaction
 from django.utils import timezone
 
 from provisioner.messages import message
@@ -68,15 +69,19 @@ def sessions_enforce_limits(*, now: datetime | None = None) -> dict[str, int]:
 
 def sessions_preempt_due(*, now: datetime | None = None) -> int:
     """Stop the running interruptible sessions whose preemption warning is due and that are still
-    claimed (a claim released meanwhile spares them). Returns how many were stopped."""
+    claimed (a claim released meanwhile spares them), each marked ``preempted_at`` in the transaction
+    of its stop by a conditional update (running and claimed): one its owner stopped first is not
+    marked, and does not resume. Returns how many were stopped."""
     now = now or timezone.now()
-    due = stop_warnings_due(kind=W.PREEMPT, now=now)
-    claimed = Session.objects.filter(id__in=list(due), preempted_for__isnull=False).values_list(
-        "id", flat=True
-    )
-    for session_id in claimed:
-        session_stop(session=Session(id=session_id), actor=None, reason=message("preempted"))
-    return len(claimed)
+    stopped = 0
+    for session_id in stop_warnings_due(kind=W.PREEMPT, now=now):
+        with transaction.atomic():
+            if Session.objects.filter(id=session_id, state=S.RUNNING, preempted_for__isnull=False).update(
+                preempted_at=now
+            ):
+                session_stop(session=Session(id=session_id), actor=None, reason=message("preempted"))
+                stopped += 1
+    return stopped
 
 
 def sessions_warn_for_funds(

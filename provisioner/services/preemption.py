@@ -85,7 +85,7 @@ def _victims_claim(victims: tuple[Preemptible, ...], *, claimer: Session, now: d
             state=S.RUNNING,
             tier=Session.Tier.INTERRUPTIBLE,
             preempted_for__isnull=True,
-        ).update(preempted_for=claimer.id, preempted_at=now)
+        ).update(preempted_for=claimer.id)
         if not claimed:
             raise _Claimed
         owners[victim.session_id] = Session.objects.values_list("owner_id", flat=True).get(
@@ -113,7 +113,7 @@ def preemption_release(*, claimer_id, now: datetime | None = None) -> int:
         Session.objects.filter(preempted_for_id=claimer_id, state=S.RUNNING).values_list("id", flat=True)
     )
     spared = Session.objects.filter(id__in=running, state=S.RUNNING, preempted_for_id=claimer_id).update(
-        preempted_for=None, preempted_at=None
+        preempted_for=None
     )
     if running:
         stop_warnings_clear(session_ids=running, kind=StopWarning.Kind.PREEMPT, now=now)

@@ -199,8 +199,8 @@ def session_launch(
     ``tier``: ``on_demand`` (the default) or ``interruptible`` (its lower price; placed only on free
     capacity, and an on-demand launch may preempt it: ``provisioner.services.preemption``); ``resume``
     re-queues an interruptible session when it is preempted. An on-demand launch that finds no room,
-    with no other on-demand session waiting for its GPU model, claims interruptible sessions to stop for
-    it (``preemption_claim``) and waits first in line for their slots.
+    when every other on-demand session waiting for its GPU model is provided for, claims interruptible
+    sessions to stop for it (``preemption_claim``) and waits first in line for their slots.
 
     Every launch counts against the user's launch rate (``SESSION_LAUNCH_RATE``; replays too), whoever
     calls: the API, the pages. One transaction: lock the paying Account row, then the user row (so one
@@ -456,8 +456,8 @@ def _place(session: Session, *, model: GpuModel | None, profile: Profile) -> boo
 
 def session_stop(*, session: Session, actor, reason: Message | str) -> Session:
     """Ask a session to stop. Queued: cancelled at once (→ stopped; the interruptible sessions it
-    claimed are spared). On a node: → stopping, and the stop
-    task deletes the workload on the agent after commit. Already stopping or ended: unchanged.
+    claimed are spared). On a node: → stopping, and the stop task deletes the workload on the agent
+    after commit. Already stopping or ended: unchanged.
     ``reason``: a message, or someone's own words (shown as they are). Idempotent; a conditional update
     on the state, no locks held across the agent call."""
     if getattr(actor, "pk", None):

@@ -244,3 +244,18 @@ def test_a_launch_through_the_form_can_be_interruptible_and_resume(node, client,
         True,
         CHEAP_MICROS,
     )
+
+
+def test_a_victim_its_owner_stops_during_the_grace_does_not_resume(node, sent_tasks):
+    owner = make_user()
+    victim = launch(owner, tier="interruptible", resume=True)
+    run(node, victim)
+    on_demand = launch(make_user())
+    due = preempt_warning(victim).due_at
+    session_stop(session=victim, actor=owner, reason="done anyway")
+    assert sessions_preempt_due(now=due + timedelta(seconds=1)) == 0
+    beat(node, [])
+    victim.refresh_from_db()
+    assert victim.state == "stopped" and victim.preempted_at is None
+    assert not Session.objects.filter(resumed_from=victim).exists()
+    assert queue_dispatch() == 1 and states(on_demand) == ["placing"]  # its slots still went first
