@@ -30,6 +30,9 @@ from provisioner.services.stop_warnings import stop_warn, stop_warnings_clear
 
 S = Session.State
 CLAIM_TRIES = 3
+# The ended states whose slots a victim holds for its claimer. A lost one's slots follow the lost rule
+# instead: held until its agent confirms the workload gone, then freed for anyone.
+HELD = (S.STOPPED, S.FAILED)
 
 
 class _Claimed(Exception):
@@ -109,25 +112,23 @@ def preemption_release(*, claimer_id, now: datetime | None = None) -> int:
     follows). Victims already stopping stop, and resume if they asked to. Returns how many were spared.
     Idempotent; inside the caller's transaction."""
     now = now or timezone.now()
-    running = list(
-        Session.objects.filter(preempted_for_id=claimer_id, state=S.RUNNING).values_list("id", flat=True)
-    )
-    spared = Session.objects.filter(id__in=running, state=S.RUNNING, preempted_for_id=claimer_id).update(
-        preempted_for=None
-    )
-    if running:
-        stop_warnings_clear(session_ids=running, kind=StopWarning.Kind.PREEMPT, now=now)
+    running = Session.objects.filter(preempted_for_id=claimer_id, state=S.RUNNING)
+    spared = list(running.values_list("id", flat=True))
+    # conditional: one the sweep stops meanwhile (state no longer running) keeps its claim
+    running.filter(id__in=spared).update(preempted_for=None)
+    if spared:
+        stop_warnings_clear(session_ids=spared, kind=StopWarning.Kind.PREEMPT, now=now)
     held_slots_free(claimer_ids=[claimer_id])
-    return spared
+    return len(spared)
 
 
 def held_slots_free(*, claimer_ids=None) -> int:
     """Free the slots ended victims hold for sessions that no longer wait (all such, or those of
     ``claimer_ids``): the session was placed, ended, or its claim released. A queue dispatch follows
     when anything was freed. Returns how many allocations were freed."""
-    held = Allocation.objects.filter(
-        session__state__in=Session.ENDED, session__preempted_for__isnull=False
-    ).exclude(session__preempted_for__state=S.QUEUED)
+    held = Allocation.objects.filter(session__state__in=HELD, session__preempted_for__isnull=False).exclude(
+        session__preempted_for__state=S.QUEUED
+    )
     if claimer_ids is not None:
         held = held.filter(session__preempted_for_id__in=list(claimer_ids))
     freed = sum(
@@ -147,8 +148,9 @@ def held_slots_take(*, claimer: Session) -> int | None:
     )
     if not victims or any(state not in Session.ENDED for _id, state, _device in victims):
         return None
-    for session_id, _state, _device in victims:
-        allocation_free(session_id=session_id)
+    for session_id, state, _device in victims:
+        if state in HELD:
+            allocation_free(session_id=session_id)
     return victims[0][2]
 
 

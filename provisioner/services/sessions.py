@@ -52,6 +52,7 @@ from provisioner.sealing import new_token, seal
 from provisioner.selectors import queue_order, queue_served
 from provisioner.services.events import event_fields, session_event
 from provisioner.services.preemption import (
+    HELD,
     claimers_ready,
     held_slots_free,
     held_slots_take,
@@ -511,7 +512,7 @@ def session_end(
             )
         if left == S.QUEUED:
             preemption_release(claimer_id=session_id, now=ended_at)
-        if row["preempted_for_id"] is not None:
+        if row["preempted_for_id"] is not None and to in HELD:
             enqueue.queue_dispatch()  # its slots wait for the session it was stopped for
         elif free and allocation_free(session_id=session_id):
             enqueue.queue_dispatch()
@@ -572,9 +573,9 @@ def session_freed_after_gone(*, session_ids) -> int:
     freed = 0
     with transaction.atomic():
         held = set(
-            Session.objects.filter(id__in=list(session_ids), preempted_for__state=S.QUEUED).values_list(
-                "id", flat=True
-            )
+            Session.objects.filter(
+                id__in=list(session_ids), state__in=HELD, preempted_for__state=S.QUEUED
+            ).values_list("id", flat=True)
         )
         for session_id in session_ids:
             if session_id not in held:

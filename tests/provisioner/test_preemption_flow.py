@@ -16,7 +16,7 @@ from core.errors import ValidationFailed
 from notices.models import Notice
 from provisioner.models import Allocation, Session, StopWarning
 from provisioner.services.limits import sessions_preempt_due
-from provisioner.services.sessions import queue_dispatch, session_launch, session_stop
+from provisioner.services.sessions import node_sessions_lost, queue_dispatch, session_launch, session_stop
 from tests.provisioner.conftest import A100, ENV, beat, client_for, gpu, make_node, make_user, workload_status
 
 pytestmark = pytest.mark.django_db
@@ -259,3 +259,17 @@ def test_a_victim_its_owner_stops_during_the_grace_does_not_resume(node, sent_ta
     assert victim.state == "stopped" and victim.preempted_at is None
     assert not Session.objects.filter(resumed_from=victim).exists()
     assert queue_dispatch() == 1 and states(on_demand) == ["placing"]  # its slots still went first
+
+
+def test_a_lost_victim_keeps_its_slots_until_the_agent_confirms_them_gone(node, sent_tasks):
+    victim = launch(make_user(), tier="interruptible")
+    run(node, victim)
+    on_demand = launch(make_user())
+    node_sessions_lost(node=node, reason="node down")
+    assert states(victim) == ["lost"]
+    queue_dispatch()  # the lost victim's slots are neither handed over nor freed
+    assert Allocation.objects.filter(session=victim).exists()
+    assert states(on_demand) == ["queued"]
+    beat(node, [])  # the agent is back and runs nothing: the lost rule frees them, for anyone
+    assert not Allocation.objects.filter(session=victim).exists()
+    assert queue_dispatch() == 1 and states(on_demand) == ["placing"]
