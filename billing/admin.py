@@ -213,20 +213,32 @@ class VersionedAdmin(admin.ModelAdmin):
 
 @admin.register(Price)
 class PriceAdmin(VersionedAdmin):
-    list_display = ("gpu_model", "profile", "price", "effective_from", "created_by")
+    list_display = ("gpu_model", "profile", "price", "interruptible_price", "effective_from", "created_by")
     list_filter = ("profile", "gpu_model")
     search_fields = ("gpu_model", "profile")
-    fields = ("gpu_model", "profile", "price_micros_per_hour", "effective_from")
+    fields = (
+        "gpu_model",
+        "profile",
+        "price_micros_per_hour",
+        "interruptible_price_micros_per_hour",
+        "effective_from",
+    )
 
     @admin.display(description="price / hour", ordering="price_micros_per_hour")
     def price(self, obj: Price) -> str:
         return _micros(obj.price_micros_per_hour)
+
+    @admin.display(description="interruptible / hour")
+    def interruptible_price(self, obj: Price) -> str:
+        lower = obj.interruptible_price_micros_per_hour
+        return "—" if lower is None else _micros(lower)
 
     def save_model(self, request, obj: Price, form, change) -> None:
         created = price_set(
             gpu_model=obj.gpu_model,
             profile=obj.profile,
             price_micros_per_hour=obj.price_micros_per_hour,
+            interruptible_price_micros_per_hour=obj.interruptible_price_micros_per_hour,
             actor=request.user,
             reason="admin",
             effective_from=form.cleaned_data.get("effective_from"),

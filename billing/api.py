@@ -398,13 +398,28 @@ class PriceVersionOut(serializers.ModelSerializer):
 
     class Meta:
         model = Price
-        fields = ["id", "gpu_model", "profile", "price_micros_per_hour", "effective_from", "created_by"]
+        fields = [
+            "id",
+            "gpu_model",
+            "profile",
+            "price_micros_per_hour",
+            "interruptible_price_micros_per_hour",
+            "effective_from",
+            "created_by",
+        ]
 
 
 class PriceIn(serializers.Serializer):
     gpu_model = serializers.CharField(max_length=64, allow_blank=True, help_text='"" for the cpu profile.')
     profile = serializers.CharField(max_length=32)
     price_micros_per_hour = serializers.IntegerField(min_value=0, max_value=10**15)
+    interruptible_price_micros_per_hour = serializers.IntegerField(
+        min_value=0,
+        max_value=10**15,
+        required=False,
+        allow_null=True,
+        help_text="The lower price of the interruptible tier; omitted: that tier is not offered.",
+    )
     effective_from = serializers.DateTimeField(required=False, help_text="Now when omitted.")
     reason = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
 
@@ -437,6 +452,7 @@ class AdminPriceView(APIView):
             gpu_model=fields["gpu_model"],
             profile=fields["profile"],
             price_micros_per_hour=fields["price_micros_per_hour"],
+            interruptible_price_micros_per_hour=fields.get("interruptible_price_micros_per_hour"),
             effective_from=fields.get("effective_from"),
             actor=request.user,
             reason=fields["reason"],

@@ -184,12 +184,15 @@ class Price(models.Model):
     """What one hour of ``profile`` on ``gpu_model`` costs from ``effective_from`` on, in micros.
 
     Slices without their own row cost their fraction of the whole card's price. ``gpu_model`` is empty
-    for the GPU-less ``cpu`` profile's site-wide token price.
+    for the GPU-less ``cpu`` profile's site-wide token price. ``interruptible_price_micros_per_hour`` is
+    the lower price of the interruptible tier (sessions an on-demand launch may preempt); none: that
+    tier is not offered for this profile.
     """
 
     gpu_model = models.CharField(max_length=64, blank=True)
     profile = models.CharField(max_length=32)
     price_micros_per_hour = models.BigIntegerField()
+    interruptible_price_micros_per_hour = models.BigIntegerField(null=True, blank=True)
     effective_from = models.DateTimeField(db_default=Now())
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
@@ -200,6 +203,14 @@ class Price(models.Model):
         constraints = [
             models.CheckConstraint(
                 condition=models.Q(price_micros_per_hour__gte=0), name="price_nonnegative"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(interruptible_price_micros_per_hour__isnull=True)
+                | models.Q(
+                    interruptible_price_micros_per_hour__gte=0,
+                    interruptible_price_micros_per_hour__lte=models.F("price_micros_per_hour"),
+                ),
+                name="price_interruptible_not_above_on_demand",
             ),
         ]
         indexes = [models.Index(fields=["gpu_model", "profile", "-effective_from"])]

@@ -24,7 +24,7 @@ from django.views.decorators.http import require_POST
 
 from billing import selectors as billing_selectors
 from billing.models import Account, Entry, LedgerAccount
-from billing.services.pricing import price_quote
+from billing.services.pricing import INTERRUPTIBLE, PriceQuote, price_quote
 from core.errors import ApplicationError, NotFound, ValidationFailed
 from portal.selectors import accounts_payable_by
 from portal.shortcuts import account_or_404
@@ -55,6 +55,9 @@ class LaunchQuote:
     available_now: int  # how many more of these fit now
     queue_ahead: int  # sessions already waiting for this GPU model
     budgets: tuple[BudgetLeft, ...] = ()  # the monthly budgets this session would count against
+    interruptible: PriceQuote | None = (
+        None  # the lower price an on-demand launch may preempt; None: not offered
+    )
 
 
 @dataclass(frozen=True)
@@ -108,7 +111,15 @@ def launch_quote(*, user, account: Account, gpu_model: str, profile: str) -> Lau
         available_now=free if not ahead else 0,
         queue_ahead=ahead,
         budgets=_budgets_left(user=user, account=account, quote=quote),
+        interruptible=_interruptible_quote(gpu_model=gpu_model, profile=profile),
     )
+
+
+def _interruptible_quote(*, gpu_model: str, profile: str) -> PriceQuote | None:
+    try:
+        return price_quote(gpu_model=gpu_model, profile=profile, tier=INTERRUPTIBLE)
+    except NotFound:
+        return None
 
 
 def _launch_choice(request: HttpRequest, catalog: dict) -> dict:
@@ -129,6 +140,8 @@ def _launch_choice(request: HttpRequest, catalog: dict) -> dict:
         "environment": environment or (environments[0] if environments else ""),
         "max_hours": data.get("max_hours", ""),
         "idle_minutes": data.get("idle_minutes", ""),
+        "tier": "interruptible" if data.get("tier") == "interruptible" else "on_demand",
+        "resume": data.get("resume") == "on",
     }
 
 
@@ -160,6 +173,8 @@ def launch(request: HttpRequest) -> HttpResponse:
                 max_hours=max_hours,
                 idle_minutes=int(idle) if idle is not None else None,
                 idempotency_key=request.POST.get("idempotency_key") or None,
+                tier=choice["tier"],
+                resume=choice["resume"],
             )
         except ApplicationError as exc:
             messages.error(request, exc.message)
@@ -181,6 +196,7 @@ def launch(request: HttpRequest) -> HttpResponse:
         "quote": quote,
         "new_key": uuid.uuid4().hex,
         "defaults": _defaults(),
+        "grace_seconds": settings.SESSION_PREEMPT_GRACE_SECONDS,
     }
     return render(request, "portal/launch.html", context)
 

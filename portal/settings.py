@@ -315,6 +315,8 @@ try:
     SESSION_DEFAULT_MAX_HOURS = env("SESSION_DEFAULT_MAX_HOURS", 8.0)
     SESSION_DEFAULT_IDLE_MINUTES = env("SESSION_DEFAULT_IDLE_MINUTES", 60)
     SESSION_STOP_WARN_SECONDS = env("SESSION_STOP_WARN_SECONDS", 300)  # idle, funds, longest time, budget
+    # An interruptible session an on-demand launch needs is stopped this long after its warning.
+    SESSION_PREEMPT_GRACE_SECONDS = env("SESSION_PREEMPT_GRACE_SECONDS", 120)
     SESSION_IDLE_GPU_PERCENT = env("SESSION_IDLE_GPU_PERCENT", 5)
     # The idle stop's other signs of use (provisioner/services/heartbeats.py): CPU in percent of one
     # core since the previous heartbeat, and whether a browser connected to a kernel counts.

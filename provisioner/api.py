@@ -132,6 +132,8 @@ class SessionListView(APIView):
             max_hours=fields.get("max_hours"),
             idle_minutes=fields.get("idle_minutes"),
             idempotency_key=request.headers.get("Idempotency-Key"),
+            tier=fields["tier"],
+            resume=fields["resume"],
         )
         session = _session_for(request, launched.session.id)
         return Response(session_detail_body(session), status=200 if launched.replayed else 201)

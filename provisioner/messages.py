@@ -73,6 +73,17 @@ TEMPLATES: dict[str, str] = {
         "Your share of this team reached this month's budget: this session stops in about %(minutes)s "
         "minutes. Your home folder is kept."
     ),
+    "stop_warning_preempt": gettext_noop(
+        "An on-demand launch needs this GPU: this session stops in about %(minutes)s minutes. "
+        "Your home folder is kept."
+    ),
+    "preempted": gettext_noop("preempted by an on-demand launch"),
+    "preempting": gettext_noop(
+        "No free room: interruptible sessions asked to stop for this one: %(count)s. "
+        "It starts when they have."
+    ),
+    "resumed_from": gettext_noop("Re-queued to resume the preempted session %(session)s"),
+    "resumed_as": gettext_noop("Re-queued to resume as session %(session)s"),
     "budget_threshold_you": gettext_noop(
         "You have used %(percent)s%% of this month's budget (%(spent)s spent, %(card_hours)s card-hours)."
     ),

@@ -198,6 +198,10 @@ class Session(models.Model):
         FAILED = "failed", _("Failed")
         LOST = "lost", _("Lost")
 
+    class Tier(models.TextChoices):
+        ON_DEMAND = "on_demand", _("On demand")
+        INTERRUPTIBLE = "interruptible", _("Interruptible")
+
     LIVE = (State.QUEUED, State.PLACING, State.STARTING, State.RUNNING, State.STOPPING)
     ON_NODE = (State.PLACING, State.STARTING, State.RUNNING)  # what the agent should run
     ENDED = (State.STOPPED, State.FAILED, State.LOST)
@@ -234,6 +238,20 @@ class Session(models.Model):
     idle_seconds = models.PositiveIntegerField(null=True, blank=True)
     queue_priority = models.SmallIntegerField(default=0)
     queue_max_wait_seconds = models.PositiveIntegerField(default=3600)
+    # The interruptible tier: a lower price, and an on-demand launch may preempt the session (a warning,
+    # a grace period, a stop). ``resume``: re-queue it when preempted. ``preempted_for``: the queued
+    # on-demand session it is claimed for (one claimer at a time; cleared while it still runs if that
+    # one is placed elsewhere first); ``preempted_at``: when the preemption stopped it (not its owner's
+    # own stop during the grace). ``resumed_from``: the preempted session this one re-queues.
+    tier = models.CharField(max_length=16, choices=Tier.choices, default=Tier.ON_DEMAND)
+    resume = models.BooleanField(default=False)
+    preempted_for = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="preempting"
+    )
+    preempted_at = models.DateTimeField(null=True, blank=True)
+    resumed_from = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="resumed_as"
+    )
 
     created_at = models.DateTimeField(auto_now_add=True)
     queued_at = models.DateTimeField(null=True, blank=True)
@@ -261,12 +279,22 @@ class Session(models.Model):
                 condition=~Q(state__in=["placing", "starting", "running"]) | Q(node__isnull=False),
                 name="session_on_node_has_node",
             ),
+            models.CheckConstraint(
+                condition=Q(tier="interruptible") | Q(preempted_for__isnull=True, preempted_at__isnull=True),
+                name="session_only_interruptible_preempted",
+            ),
         ]
         indexes = [
             models.Index(fields=["state", "gpu_model"]),
             models.Index(fields=["owner", "state"]),
             models.Index(fields=["account", "state"]),
             models.Index(fields=["node", "state"]),
+            # what an on-demand launch may preempt
+            models.Index(
+                fields=["gpu_model", "state"],
+                condition=Q(tier="interruptible"),
+                name="session_interruptible",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -422,6 +450,7 @@ class StopWarning(models.Model):
         FUNDS = "funds", _("Funds")
         MAX_HOURS = "max_hours", _("Longest session time")
         BUDGET = "budget", _("Budget")
+        PREEMPT = "preempt", _("Preemption")
 
     session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="stop_warnings")
     kind = models.CharField(max_length=16, choices=Kind.choices)

@@ -15,11 +15,12 @@ from django.utils.translation import gettext as _
 
 from billing.models import Account
 from billing.rules import accounts_payable_by
-from billing.services.pricing import price_quote
+from billing.services.pricing import INTERRUPTIBLE, ON_DEMAND, price_quote
 from core.errors import NotFound
 from provisioner import quotas
 from provisioner.models import (
     SLOTS_PER_GPU,
+    Allocation,
     AllocationSlot,
     Device,
     Environment,
@@ -30,6 +31,7 @@ from provisioner.models import (
     StopWarning,
 )
 from provisioner.placement import free_index, request_for
+from provisioner.preemption import Preemptible
 from provisioner.sealing import unseal
 
 _USER_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
@@ -170,6 +172,30 @@ def queue_order(sessions: list[Session], *, served: dict[int, int] | None = None
     return [s for _key, s in sorted(keyed, key=lambda pair: pair[0])]
 
 
+def preemptible_sessions(*, gpu_model_id: int, now: datetime) -> list[Preemptible]:
+    """The allocations of ``gpu_model_id`` an on-demand launch may take by preemption: those of running
+    interruptible sessions not already being stopped for another request."""
+    rows = Allocation.objects.filter(
+        session__gpu_model_id=gpu_model_id,
+        session__tier=Session.Tier.INTERRUPTIBLE,
+        session__state=Session.State.RUNNING,
+        session__preempted_for__isnull=True,
+    ).values_list("session_id", "device_id", "slot_start", "slot_count", "session__running_at")
+    return [
+        Preemptible(session_id, device_id, start, count, (now - (running_at or now)).total_seconds())
+        for session_id, device_id, start, count, running_at in rows
+    ]
+
+
+def resumed_as_of(*, session_ids) -> dict[uuid.UUID, uuid.UUID]:
+    """Preempted session id → the session that resumes it (one query; none for no ids)."""
+    if not session_ids:
+        return {}
+    return dict(
+        Session.objects.filter(resumed_from_id__in=list(session_ids)).values_list("resumed_from_id", "id")
+    )
+
+
 def queue_served(*, account_ids) -> dict[int, int]:
     """For ``queue_order``: how many sessions each of these accounts has on nodes now."""
     rows = (
@@ -274,16 +300,20 @@ def _count_fits(index, request) -> int:
     return count
 
 
-def _price(*, gpu_model: str, profile: str) -> dict | None:
-    """The catalog's price of a choice (from billing), or None when it has none."""
+def _price(*, gpu_model: str, profile: str, tier: str = ON_DEMAND) -> dict | None:
+    """The catalog's price of a choice (from billing), or None when it has none; an on-demand price
+    carries its ``interruptible`` one beside it (None: that tier is not offered)."""
     try:
-        quote = price_quote(gpu_model=gpu_model, profile=profile)
+        quote = price_quote(gpu_model=gpu_model, profile=profile, tier=tier)
     except NotFound:
         return None
-    return {
+    price = {
         "price_micros_per_hour": quote.price_micros_per_hour,
         "card_burn_micros_per_hour": quote.card_burn_micros_per_hour,
     }
+    if tier == ON_DEMAND:
+        price["interruptible"] = _price(gpu_model=gpu_model, profile=profile, tier=INTERRUPTIBLE)
+    return price
 
 
 def catalog() -> dict:

@@ -25,6 +25,14 @@ class LaunchIn(serializers.Serializer):
     account = serializers.IntegerField(
         required=False, allow_null=True, min_value=1, help_text="Paying account id (default: your own)."
     )
+    tier = serializers.ChoiceField(
+        choices=Session.Tier.choices,
+        default=Session.Tier.ON_DEMAND,
+        help_text="interruptible: the lower price; an on-demand launch may preempt it (warned first).",
+    )
+    resume = serializers.BooleanField(
+        default=False, help_text="Interruptible: queue it again automatically when preempted."
+    )
 
 
 class StopIn(serializers.Serializer):
@@ -180,6 +188,11 @@ class SessionOut(serializers.Serializer):
     stopping_at = UtcDateTimeField(source="session.stopping_at", allow_null=True)
     ended_at = UtcDateTimeField(source="session.ended_at", allow_null=True)
     jupyter_url = serializers.CharField(source="lab_url", allow_null=True)
+    tier = serializers.ChoiceField(choices=Session.Tier.choices)
+    resume = serializers.BooleanField(help_text="Interruptible: queued again when preempted.")
+    preempted = serializers.BooleanField(help_text="Stopped, or being stopped, for an on-demand launch.")
+    resumed_from = serializers.UUIDField(allow_null=True, help_text="The preempted session this one resumes.")
+    resumed_as = serializers.UUIDField(allow_null=True, help_text="The session that resumes this one.")
 
 
 class SessionPageOut(serializers.Serializer):

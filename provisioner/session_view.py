@@ -156,6 +156,11 @@ class SessionView:
     metrics: Metrics
     idle_rule: IdleRule | None  # None: no idle stop
     stop_notices: tuple[selectors.StopNotice, ...]  # live warnings of a stop to come, soonest first
+    tier: str  # on_demand | interruptible
+    resume: bool  # interruptible: re-queued when preempted
+    preempted: bool  # stopped, or being stopped, for an on-demand launch
+    resumed_from: uuid.UUID | None  # the preempted session this one resumes
+    resumed_as: uuid.UUID | None  # the session that resumes this preempted one
 
 
 def session_view(session: Session, *, now: datetime | None = None) -> SessionView:
@@ -177,6 +182,7 @@ def session_views(
     runways = _runways(sessions)
     by_session = _samples(sessions, now=now) if samples else {}
     notices = selectors.stop_notices_of(session_ids=[s.id for s in sessions if s.state == S.RUNNING], now=now)
+    resumed = selectors.resumed_as_of(session_ids=[s.id for s in sessions if s.preempted_at and s.resume])
     return [
         SessionView(
             session=s,
@@ -206,6 +212,11 @@ def session_views(
             metrics=_metrics(s, by_session, samples=samples),
             idle_rule=_idle_rule(s),
             stop_notices=tuple(notices.get(s.id, ())),
+            tier=s.tier,
+            resume=s.resume,
+            preempted=s.preempted_at is not None,
+            resumed_from=s.resumed_from_id,
+            resumed_as=resumed.get(s.id),
         )
         for s in sessions
     ]

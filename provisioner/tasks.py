@@ -155,7 +155,7 @@ def queue_dispatch_task() -> int:
 
 @shared_task
 def sessions_enforce_limits_task() -> dict:
-    counts = limits.sessions_enforce_limits()
+    counts = {**limits.sessions_enforce_limits(), "preempted": limits.sessions_preempt_due()}
     cutoff = timezone.now() - timedelta(seconds=settings.SESSION_START_TIMEOUT_SECONDS)
     for session in Session.objects.filter(state__in=[S.PLACING, S.STARTING], placed_at__lt=cutoff):
         _fail_start(session, message("start_timeout", seconds=settings.SESSION_START_TIMEOUT_SECONDS))

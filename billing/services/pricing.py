@@ -3,6 +3,10 @@
 A slice without its own price costs its fraction of the whole card (``1/2``, ``1/4``, ``1/8``; a MIG
 profile ``Ng.XXgb`` is N/7 of the card), and burns cards by the same fraction. Prices are versioned by
 ``effective_from``; a session keeps the quote it launched with (stored on its meter).
+
+Two tiers: ``on_demand`` and ``interruptible`` (a lower price an admin sets beside the on-demand one;
+an on-demand launch may preempt such a session). The interruptible tier burns cards scaled by the same
+ratio as its price; a price row without an interruptible price does not offer that tier.
 """
 
 from __future__ import annotations
@@ -23,6 +27,9 @@ from core.errors import NotFound, ValidationFailed
 
 WHOLE = "whole"
 CPU = "cpu"
+ON_DEMAND = "on_demand"
+INTERRUPTIBLE = "interruptible"
+TIERS = (ON_DEMAND, INTERRUPTIBLE)
 _SLICES = {"whole": Fraction(1), "1/2": Fraction(1, 2), "1/4": Fraction(1, 4), "1/8": Fraction(1, 8)}
 _MIG = re.compile(r"^([1-7])g\.\d+gb$")
 
@@ -54,15 +61,36 @@ def burn_multiplier_milli(*, gpu_model: str, at: datetime | None = None) -> int:
     return rate.multiplier_milli if rate else 1000
 
 
-def price_quote(*, gpu_model: str, profile: str, at: datetime | None = None) -> PriceQuote:
-    """The price and card burn of one hour of ``profile`` on ``gpu_model`` at ``at`` (default: now).
+def _tier_quote(price: Price, *, tier: str, fraction: Fraction, burn: Fraction) -> PriceQuote:
+    """The quote of ``fraction`` of ``price``'s row in ``tier``. Raises NotFound for an interruptible
+    quote of a row without an interruptible price."""
+    on_demand = price.price_micros_per_hour
+    if tier == ON_DEMAND:
+        return PriceQuote(price.id, int(on_demand * fraction), int(burn))
+    lower = price.interruptible_price_micros_per_hour
+    if lower is None:
+        raise NotFound(_("This choice is not offered as interruptible."))
+    scale = Fraction(lower, on_demand) if on_demand else Fraction(1)
+    return PriceQuote(price.id, int(lower * fraction), int(burn * scale))
 
-    Raises NotFound when neither the profile nor the whole card is priced.
+
+def price_quote(
+    *, gpu_model: str, profile: str, at: datetime | None = None, tier: str = ON_DEMAND
+) -> PriceQuote:
+    """The price and card burn of one hour of ``profile`` on ``gpu_model`` at ``at`` (default: now), in
+    ``tier`` (``on_demand`` or ``interruptible``).
+
+    Raises NotFound when neither the profile nor the whole card is priced, and for an interruptible
+    quote when the price that applies has no interruptible price (the cpu profile never has one).
     """
+    if tier not in TIERS:
+        raise NotFound(_("Unknown tier %(tier)s.") % {"tier": repr(tier)})
     if profile == CPU:
         price = _current(Price.objects.filter(gpu_model__in=[gpu_model, ""], profile=CPU), at)
         if price is None:
             raise NotFound(_("The cpu profile is not priced."))
+        if tier != ON_DEMAND:
+            raise NotFound(_("This choice is not offered as interruptible."))
         return PriceQuote(
             price.id, price.price_micros_per_hour, settings.BILLING_CPU_CARD_BURN_MICROS_PER_HOUR
         )
@@ -70,29 +98,35 @@ def price_quote(*, gpu_model: str, profile: str, at: datetime | None = None) -> 
     burn = Fraction(burn_multiplier_milli(gpu_model=gpu_model, at=at) * 1000) * fraction
     own = _current(Price.objects.filter(gpu_model=gpu_model, profile=profile), at)
     if own is not None:
-        return PriceQuote(own.id, own.price_micros_per_hour, int(burn))
+        return _tier_quote(own, tier=tier, fraction=Fraction(1), burn=burn)
     whole = _current(Price.objects.filter(gpu_model=gpu_model, profile=WHOLE), at)
     if whole is None:
         raise NotFound(
             _("%(gpu_model)s %(profile)s is not priced.") % {"gpu_model": gpu_model, "profile": profile}
         )
-    return PriceQuote(whole.id, int(whole.price_micros_per_hour * fraction), int(burn))
+    return _tier_quote(whole, tier=tier, fraction=fraction, burn=burn)
 
 
-def price_set(
-    *,
-    gpu_model: str,
-    profile: str,
-    price_micros_per_hour: int,
-    actor=None,
-    reason: str = "",
-    effective_from: datetime | None = None,
-) -> Price:
-    """Add a price version (prices are never edited); writes an audit row. Raises ValidationFailed."""
-    if isinstance(price_micros_per_hour, bool) or not isinstance(price_micros_per_hour, int):
-        raise ValidationFailed(_("A price is a whole number of micro-units per hour."))
-    if price_micros_per_hour < 0:
-        raise ValidationFailed(_("A price cannot be negative."))
+def _price_check(price_micros_per_hour, interruptible_price_micros_per_hour, *, profile: str) -> None:
+    """Raise ValidationFailed unless the prices are whole, non-negative numbers, the interruptible one
+    (optional; never for cpu) at most the on-demand one, and the profile known."""
+    lower = interruptible_price_micros_per_hour
+    for value in (price_micros_per_hour, *([] if lower is None else [lower])):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValidationFailed(_("A price is a whole number of micro-units per hour."))
+        if value < 0:
+            raise ValidationFailed(_("A price cannot be negative."))
+    if lower is not None:
+        if lower > price_micros_per_hour:
+            raise ValidationFailed(
+                _("An interruptible price cannot be above the on-demand price."),
+                fields={"interruptible_price_micros_per_hour": "above the on-demand price"},
+            )
+        if profile == CPU:
+            raise ValidationFailed(
+                _("The cpu profile has no interruptible tier."),
+                fields={"interruptible_price_micros_per_hour": "not for cpu"},
+            )
     if profile != CPU:
         try:
             profile_fraction(profile)
@@ -100,6 +134,31 @@ def price_set(
             raise ValidationFailed(
                 _("Unknown profile %(profile)s.") % {"profile": repr(profile)}, fields={"profile": "unknown"}
             ) from None
+
+
+def _audited(price: Price | None) -> dict | None:
+    if price is None:
+        return None
+    return {
+        "price_micros_per_hour": price.price_micros_per_hour,
+        "interruptible_price_micros_per_hour": price.interruptible_price_micros_per_hour,
+    }
+
+
+def price_set(
+    *,
+    gpu_model: str,
+    profile: str,
+    price_micros_per_hour: int,
+    interruptible_price_micros_per_hour: int | None = None,
+    actor=None,
+    reason: str = "",
+    effective_from: datetime | None = None,
+) -> Price:
+    """Add a price version (prices are never edited); writes an audit row. Without
+    ``interruptible_price_micros_per_hour`` the version offers no interruptible tier. Raises
+    ValidationFailed."""
+    _price_check(price_micros_per_hour, interruptible_price_micros_per_hour, profile=profile)
     with transaction.atomic():
         before = _current(Price.objects.filter(gpu_model=gpu_model, profile=profile), None)
         fields = {"effective_from": effective_from} if effective_from else {}
@@ -107,6 +166,7 @@ def price_set(
             gpu_model=gpu_model,
             profile=profile,
             price_micros_per_hour=price_micros_per_hour,
+            interruptible_price_micros_per_hour=interruptible_price_micros_per_hour,
             created_by=actor if getattr(actor, "pk", None) else None,
             **fields,
         )
@@ -114,8 +174,8 @@ def price_set(
             actor=actor,
             action="price.set",
             target=price,
-            before={"price_micros_per_hour": before.price_micros_per_hour} if before else None,
-            after={"price_micros_per_hour": price_micros_per_hour},
+            before=_audited(before),
+            after=_audited(price),
             reason=reason,
         )
     return price

@@ -14,7 +14,7 @@ from django.utils.translation import gettext as _
 from core.errors import Conflict
 from provisioner.messages import message
 from provisioner.models import Session, StopWarning
-from provisioner.services.sessions import session_event
+from provisioner.services.events import session_event
 
 
 class SessionNotRunning(Conflict):

@@ -1,23 +1,31 @@
 """Stops the portal decides on its own, each announced first (``stop_warnings``): the longest session
-time, idle, funds running out, a monthly budget reached.
+time, idle, funds running out, a monthly budget reached, preemption.
 
 The sweep (``sessions_enforce_limits``, every SESSION_LIMITS_SWEEP_SECONDS) warns and stops for the
-longest time and idle; funds follow the metering tick's ``runway_low`` / ``funds_exhausted`` signals,
-budgets its ``metered`` signal (``provisioner.services.budgets``). Every stop is a conditional update
-(``session_stop``): safe to run anywhere, any time, twice.
+longest time and idle; a step of its own in the same beat task (``sessions_preempt_due``) stops the
+interruptible sessions whose preemption warning is due (warned by ``preemption.preemption_claim``).
+Funds follow the metering tick's ``runway_low`` / ``funds_exhausted`` signals, budgets its ``metered``
+signal (``provisioner.services.budgets``). Every stop is a conditional update (``session_stop``): safe
+to run anywhere, any time, twice.
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+from django.db import transaction
 from django.utils import timezone
 
 from provisioner.messages import message
 from provisioner.models import Session, StopWarning
 from provisioner.services.session_notices import session_ids
 from provisioner.services.sessions import session_stop
-from provisioner.services.stop_warnings import stop_warn, stop_warn_ahead, stop_warnings_clear
+from provisioner.services.stop_warnings import (
+    stop_warn,
+    stop_warn_ahead,
+    stop_warnings_clear,
+    stop_warnings_due,
+)
 
 S = Session.State
 W = StopWarning.Kind
@@ -57,6 +65,23 @@ def sessions_enforce_limits(*, now: datetime | None = None) -> dict[str, int]:
         ]
         counts["warned"] += sum(warned)
     return counts
+
+
+def sessions_preempt_due(*, now: datetime | None = None) -> int:
+    """Stop the running interruptible sessions whose preemption warning is due and that are still
+    claimed (a claim released meanwhile spares them), each marked ``preempted_at`` in the transaction
+    of its stop by a conditional update (running and claimed): one its owner stopped first is not
+    marked, and does not resume. Returns how many were stopped."""
+    now = now or timezone.now()
+    stopped = 0
+    for session_id in stop_warnings_due(kind=W.PREEMPT, now=now):
+        with transaction.atomic():
+            if Session.objects.filter(id=session_id, state=S.RUNNING, preempted_for__isnull=False).update(
+                preempted_at=now
+            ):
+                session_stop(session=Session(id=session_id), actor=None, reason=message("preempted"))
+                stopped += 1
+    return stopped
 
 
 def sessions_warn_for_funds(

@@ -31,16 +31,34 @@ from billing.models import Account
 from billing.rules import accounts_payable_by
 from billing.services.ledger import idempotency_key_check
 from billing.services.metering import account_can_launch, meter_close, meter_open
-from billing.services.pricing import PriceQuote, price_quote
+from billing.services.pricing import ON_DEMAND, PriceQuote, price_quote
 from core.errors import ApplicationError, NotFound, RateLimited, ValidationFailed
 from core.throttle import attempt_count
 from provisioner import enqueue
 from provisioner.messages import Message, message, message_columns
-from provisioner.models import Environment, GpuModel, Node, Profile, Session, SessionEvent, StopWarning
+from provisioner.models import (
+    Device,
+    Environment,
+    GpuModel,
+    Node,
+    Profile,
+    Session,
+    SessionEvent,
+    StopWarning,
+)
 from provisioner.placement import allocation_free, allocation_place, cpu_node_pick, free_index
 from provisioner.quotas import quota_admit, quota_subjects
 from provisioner.sealing import new_token, seal
 from provisioner.selectors import queue_order, queue_served
+from provisioner.services.events import event_fields, session_event
+from provisioner.services.preemption import (
+    HELD,
+    claimers_ready,
+    held_slots_free,
+    held_slots_take,
+    preemption_claim,
+    preemption_release,
+)
 from provisioner.services.session_notices import session_ended_notify, session_owner_notify
 
 log = logging.getLogger("provisioner.sessions")
@@ -57,23 +75,9 @@ _TIMESTAMP = {
 }
 
 
-def _event_fields(line: Message | str) -> dict:
-    key, params, text = message_columns(line)
-    return {"message_key": key, "message_params": params, "message": text[:500]}
-
-
 def _reason_fields(reason: Message | str) -> dict:
     key, params, text = message_columns(reason)
     return {"reason_key": key, "reason_params": params, "reason": text[:300]}
-
-
-def session_event(
-    *, session_id, kind: str, line: Message | str, from_state: str = "", to_state: str = ""
-) -> None:
-    """Add a line to a session's history: a message (rendered in the reader's language) or free text."""
-    SessionEvent.objects.create(
-        session_id=session_id, kind=kind, from_state=from_state, to_state=to_state, **_event_fields(line)
-    )
 
 
 def _transition(
@@ -170,6 +174,7 @@ class _LaunchSpec:
     max_seconds: int
     idle_seconds: int
     quote: PriceQuote
+    tier: str = ON_DEMAND
 
     @property
     def model_name(self) -> str:
@@ -187,8 +192,16 @@ def session_launch(
     idle_minutes: int | None,
     idempotency_key: str | None,
     priority: int = 0,
+    tier: str = ON_DEMAND,
+    resume: bool = False,
 ) -> Launched:
     """Admit and place one session, or queue it when nothing fits right now.
+
+    ``tier``: ``on_demand`` (the default) or ``interruptible`` (its lower price; placed only on free
+    capacity, and an on-demand launch may preempt it: ``provisioner.services.preemption``); ``resume``
+    re-queues an interruptible session when it is preempted. An on-demand launch that finds no room,
+    when every other on-demand session waiting for its GPU model is provided for, claims interruptible
+    sessions to stop for it (``preemption_claim``) and waits first in line for their slots.
 
     Every launch counts against the user's launch rate (``SESSION_LAUNCH_RATE``; replays too), whoever
     calls: the API, the pages. One transaction: lock the paying Account row, then the user row (so one
@@ -212,6 +225,7 @@ def session_launch(
         environment=environment,
         max_hours=max_hours,
         idle_minutes=idle_minutes,
+        tier=tier,
     )
     subjects = quota_subjects(user=user, account=account)
     candidates = free_index(gpu_model=spec.model) if spec.model is not None else None
@@ -242,10 +256,31 @@ def session_launch(
             idempotency_key=idempotency_key,
             priority=priority,
             placed=placed,
+            resume=resume,
         )
         if placed:
             enqueue.session_start(session.id)
+        elif _on_demand_unprovided_first(session):
+            preemption_claim(claimer=session)
     return Launched(session, replayed=False)
+
+
+def _on_demand_unprovided_first(session: Session) -> bool:
+    """Whether ``session`` is on demand and every other on-demand session waiting for its GPU model is
+    provided for (it has interruptible sessions stopping for it): the first unprovided one preempts,
+    those behind it wait their turn in the queue."""
+    return (
+        session.tier == Session.Tier.ON_DEMAND
+        and session.gpu_model_id is not None
+        and not Session.objects.filter(
+            state=S.QUEUED,
+            gpu_model_id=session.gpu_model_id,
+            tier=Session.Tier.ON_DEMAND,
+            preempting__isnull=True,
+        )
+        .exclude(id=session.id)
+        .exists()
+    )
 
 
 def _launch_throttle(*, user) -> None:
@@ -271,8 +306,9 @@ def _launch_spec(
     environment: str,
     max_hours: float | None,
     idle_minutes: int | None,
+    tier: str = ON_DEMAND,
 ) -> _LaunchSpec:
-    """Check a launch's choices, its payer and its limits, and price it. Reads only."""
+    """Check a launch's choices, its payer and its limits, and price it in its tier. Reads only."""
     model, profile_obj, env = _catalog(gpu_model=gpu_model, profile=profile, environment=environment)
     if account.id not in {a.id for a in accounts_payable_by(user=user)}:
         raise NotFound(_("No such account."), fields={"account": "not one you may pay with"})
@@ -283,15 +319,26 @@ def _launch_spec(
         idle_minutes, field="idle_minutes", default=settings.SESSION_DEFAULT_IDLE_MINUTES, unit=60
     )
     model_name = model.name if model else ""
+    if tier not in Session.Tier.values:
+        raise ValidationFailed(
+            _("Unknown tier %(tier)s.") % {"tier": repr(tier)}, fields={"tier": "on_demand or interruptible"}
+        )
     try:
-        quote = price_quote(gpu_model=model_name, profile=profile_obj.name)
+        quote = price_quote(gpu_model=model_name, profile=profile_obj.name, tier=tier)
     except NotFound:
+        if tier != ON_DEMAND:
+            raise ValidationFailed(
+                _("%(gpu_model)s %(profile)s is not offered as interruptible.")
+                % {"gpu_model": model_name or "cpu", "profile": profile},
+                code="unpriced",
+                fields={"tier": "not offered"},
+            )
         raise ValidationFailed(
             _("%(gpu_model)s %(profile)s has no price yet.")
             % {"gpu_model": model_name or "cpu", "profile": profile},
             code="unpriced",
         )
-    return _LaunchSpec(model, profile_obj, env, max_seconds, idle_seconds, quote)
+    return _LaunchSpec(model, profile_obj, env, max_seconds, idle_seconds, quote, tier)
 
 
 def _launched_session_create(
@@ -303,9 +350,10 @@ def _launched_session_create(
     idempotency_key: str | None,
     priority: int,
     placed: dict | None,
+    resume: bool = False,
 ) -> Session:
     """Write an admitted session, placing or queued as ``placed`` says, with its first events; inside
-    the launch's transaction."""
+    the launch's transaction. ``resume`` holds only for an interruptible session."""
     now = timezone.now()
     session = Session.objects.create(
         id=session_id,
@@ -325,6 +373,8 @@ def _launched_session_create(
         idle_seconds=spec.idle_seconds,
         queue_priority=priority,
         queue_max_wait_seconds=settings.QUEUE_MAX_WAIT_SECONDS,
+        tier=spec.tier,
+        resume=resume and spec.tier == Session.Tier.INTERRUPTIBLE,
         queued_at=now,
         placed_at=now if placed else None,
         **(placed["fields"] if placed else {}),
@@ -333,7 +383,7 @@ def _launched_session_create(
         session=session,
         kind="launch",
         to_state=S.QUEUED,
-        **_event_fields(message("launched_by", user=str(user))),
+        **event_fields(message("launched_by", user=str(user))),
     )
     if placed:
         then = SessionEvent(
@@ -341,13 +391,13 @@ def _launched_session_create(
             kind="state",
             from_state=S.QUEUED,
             to_state=S.PLACING,
-            **_event_fields(placed["reason"]),
+            **event_fields(placed["reason"]),
         )
     else:
         then = SessionEvent(
             session=session,
             kind="queue",
-            **_event_fields(message("no_room", gpu_model=spec.model_name, profile=spec.profile.name)),
+            **event_fields(message("no_room", gpu_model=spec.model_name, profile=spec.profile.name)),
         )
     SessionEvent.objects.bulk_create([launched, then])
     return session
@@ -381,8 +431,12 @@ def _placement(session_id, *, model: GpuModel | None, profile: Profile, candidat
 
 
 def _place(session: Session, *, model: GpuModel | None, profile: Profile) -> bool:
-    """Place a queued session inside the caller's transaction; True when it moved to placing."""
-    placed = _placement(session.id, model=model, profile=profile)
+    """Place a queued session inside the caller's transaction; True when it moved to placing. A
+    session whose preempted victims have all ended takes the slots they held (freed and taken in this
+    transaction, so no other request sees them free); any other claim of it is released once placed."""
+    held_on = held_slots_take(claimer=session) if model is not None else None
+    candidates = free_index(gpu_model=model, devices=Device.objects.filter(id=held_on)) if held_on else None
+    placed = _placement(session.id, model=model, profile=profile, candidates=candidates)
     if placed is None:
         return False
     if (
@@ -393,6 +447,7 @@ def _place(session: Session, *, model: GpuModel | None, profile: Profile) -> boo
     ):
         allocation_free(session_id=session.id)  # stopped or cancelled meanwhile: give the slots back
         return False
+    preemption_release(claimer_id=session.id)
     enqueue.session_start(session.id)
     return True
 
@@ -401,8 +456,9 @@ def _place(session: Session, *, model: GpuModel | None, profile: Profile) -> boo
 
 
 def session_stop(*, session: Session, actor, reason: Message | str) -> Session:
-    """Ask a session to stop. Queued: cancelled at once (→ stopped). On a node: → stopping, and the stop
-    task deletes the workload on the agent after commit. Already stopping or ended: unchanged.
+    """Ask a session to stop. Queued: cancelled at once (→ stopped; the interruptible sessions it
+    claimed are spared). On a node: → stopping, and the stop task deletes the workload on the agent
+    after commit. Already stopping or ended: unchanged.
     ``reason``: a message, or someone's own words (shown as they are). Idempotent; a conditional update
     on the state, no locks held across the agent call."""
     if getattr(actor, "pk", None):
@@ -412,6 +468,7 @@ def session_stop(*, session: Session, actor, reason: Message | str) -> Session:
         cancelled, stopping = message("cancelled", why=reason), message("stop", why=reason)
     with transaction.atomic():
         if _transition(session.id, from_states=[S.QUEUED], to=S.STOPPED, reason=cancelled):
+            preemption_release(claimer_id=session.id)
             session_ended_notify(session.id, reason=cancelled)
         elif _transition(session.id, from_states=list(Session.ON_NODE), to=S.STOPPING, reason=stopping):
             enqueue.session_stop(session.id)
@@ -431,30 +488,98 @@ def session_end(
     """End a session (stopped, failed or lost): close its meter at the earlier of ``ended_at`` and the
     last time it was seen alive, free its slots unless ``free`` is False (lost: freed only when the
     agent confirms the workload gone). Idempotent; one transaction. Queues a queue dispatch after commit
-    when slots were freed."""
+    when slots were freed.
+
+    Preemption: a preempted session's slots stay held for the on-demand session it was stopped for
+    (the queue dispatch hands them over, or frees them if that one no longer waits), and a preempted
+    session that asked to resume is queued again (``_resumed_session_create``); a queued session that
+    ends releases the interruptible sessions it claimed (``preemption_release``)."""
     from_states = from_states or [s for s in Session.State.values if s not in Session.ENDED]
     ended_at = ended_at or timezone.now()
     with transaction.atomic():
-        if _transition(session_id, from_states=from_states, to=to, reason=reason, at=ended_at) is None:
+        left = _transition(session_id, from_states=from_states, to=to, reason=reason, at=ended_at)
+        if left is None:
             return False
         StopWarning.objects.filter(session_id=session_id, cleared_at__isnull=True).update(cleared_at=ended_at)
         session_ended_notify(session_id, reason=reason)
-        last_alive = Session.objects.filter(id=session_id).values_list("last_alive_at", flat=True).first()
+        row = Session.objects.filter(id=session_id).values(
+            "last_alive_at", "preempted_for_id", "preempted_at", "resume"
+        )[0]
+        last_alive = row["last_alive_at"]
         with contextlib.suppress(NotFound):  # never ran: nothing was metered
             meter_close(
                 session_ref=str(session_id), ended_at=min(ended_at, last_alive) if last_alive else ended_at
             )
-        if free and allocation_free(session_id=session_id):
+        if left == S.QUEUED:
+            preemption_release(claimer_id=session_id, now=ended_at)
+        if row["preempted_for_id"] is not None and to in HELD:
+            enqueue.queue_dispatch()  # its slots wait for the session it was stopped for
+        elif free and allocation_free(session_id=session_id):
             enqueue.queue_dispatch()
+        if to == S.STOPPED and row["preempted_at"] and row["resume"]:
+            _resumed_session_create(preempted_id=session_id)
     return True
 
 
+def _resumed_session_create(*, preempted_id) -> Session:
+    """Queue a preempted interruptible session again, as its owner asked: a new session of the same
+    owner, account, GPU model, profile, environment, limits and locked price, linked to the preempted
+    one (``resumed_from``), placed by the queue when free capacity allows. A new row rather than the
+    old one back to queued: states only move forward, the meter of a session is closed at its stop, and
+    each run keeps its own history and bill. Inside ``session_end``'s transaction."""
+    old = Session.objects.get(id=preempted_id)
+    now = timezone.now()
+    new = Session.objects.create(
+        owner_id=old.owner_id,
+        account_id=old.account_id,
+        gpu_model_id=old.gpu_model_id,
+        profile_id=old.profile_id,
+        environment_id=old.environment_id,
+        state=S.QUEUED,
+        jupyter_token_sealed=seal(new_token()),
+        price_id=old.price_id,
+        price_micros_per_hour=old.price_micros_per_hour,
+        card_burn_micros_per_hour=old.card_burn_micros_per_hour,
+        max_seconds=old.max_seconds,
+        idle_seconds=old.idle_seconds,
+        queue_priority=old.queue_priority,
+        queue_max_wait_seconds=settings.QUEUE_MAX_WAIT_SECONDS,
+        tier=Session.Tier.INTERRUPTIBLE,
+        resume=True,
+        resumed_from=old,
+        queued_at=now,
+    )
+    SessionEvent.objects.bulk_create(
+        [
+            SessionEvent(
+                session=new,
+                kind="launch",
+                to_state=S.QUEUED,
+                **event_fields(message("resumed_from", session=str(old.id)[:8])),
+            ),
+            SessionEvent(
+                session=old, kind="resume", **event_fields(message("resumed_as", session=str(new.id)[:8]))
+            ),
+        ]
+    )
+    enqueue.queue_dispatch()
+    return new
+
+
 def session_freed_after_gone(*, session_ids) -> int:
-    """The agent no longer lists these ended sessions: free what they still hold. Returns how many."""
+    """The agent no longer lists these ended sessions: free what they still hold, except the slots a
+    preempted session holds for the on-demand session that waits for them (the queue dispatch hands
+    those over). Returns how many."""
     freed = 0
     with transaction.atomic():
+        held = set(
+            Session.objects.filter(
+                id__in=list(session_ids), state__in=HELD, preempted_for__state=S.QUEUED
+            ).values_list("id", flat=True)
+        )
         for session_id in session_ids:
-            freed += allocation_free(session_id=session_id)
+            if session_id not in held:
+                freed += allocation_free(session_id=session_id)
         if freed:
             enqueue.queue_dispatch()
     return freed
@@ -512,9 +637,12 @@ def session_start_failed(*, session_id, reason: Message | str) -> bool:
 def queue_dispatch(*, now: datetime | None = None) -> int:
     """Place waiting sessions while capacity allows; fail those that waited longer than their longest
     wait. Per GPU model, strict queue order: the first that does not fit blocks the ones behind it of
-    that model (no starvation of large requests). One short transaction per session (account, user,
-    devices locks, as in launch). Returns how many were placed."""
+    that model (no starvation of large requests); an interruptible one blocks only interruptible ones,
+    and an on-demand one that does not fit preempts (``_blocked_by``); a session whose preempted
+    victims have all ended takes their held slots whatever blocks. One short transaction per session
+    (account, user, devices locks, as in launch). Returns how many were placed."""
     now = now or timezone.now()
+    held_slots_free()  # slots preempted sessions hold for sessions that no longer wait
     waiting = list(Session.objects.filter(state=S.QUEUED).select_related("gpu_model", "profile", "account"))
     for session in waiting:
         if session.queued_at and now - session.queued_at > timedelta(seconds=session.queue_max_wait_seconds):
@@ -527,9 +655,10 @@ def queue_dispatch(*, now: datetime | None = None) -> int:
     waiting = [s for s in waiting if Session.objects.filter(id=s.id, state=S.QUEUED).exists()]
     placed = 0
     blocked: set = set()
+    ready = claimers_ready(session_ids=[s.id for s in waiting])
     for session in queue_order(waiting, served=queue_served(account_ids=[s.account_id for s in waiting])):
-        key = session.gpu_model_id
-        if key in blocked:
+        key = (session.gpu_model_id, session.tier)
+        if key in blocked and session.id not in ready:  # slots held for it are no one else's
             continue
         try:
             with transaction.atomic():
@@ -548,12 +677,24 @@ def queue_dispatch(*, now: datetime | None = None) -> int:
                     placed += 1
                     session_owner_notify(session.id, kind="session_placed", key="session_placed")
                 else:
-                    blocked.add(key)
+                    blocked |= _blocked_by(session)
         except ApplicationError as exc:
             session_end(session_id=session.id, to=S.FAILED, from_states=[S.QUEUED], reason=exc.message)
         except IntegrityError:
             log.exception("queue dispatch of %s", session.id)
     return placed
+
+
+def _blocked_by(session: Session) -> set:
+    """The queue keys a session that did not fit blocks. An interruptible one blocks only the
+    interruptible sessions behind it (it never holds back an on-demand one). An on-demand one (the
+    first of its GPU model still unplaced) claims interruptible sessions to stop for it: provided for so,
+    it blocks only the interruptible ones, and the on-demand ones behind it may preempt in turn;
+    otherwise it blocks both tiers (no starvation of a large request)."""
+    interruptible = {(session.gpu_model_id, Session.Tier.INTERRUPTIBLE)}
+    if session.tier == Session.Tier.INTERRUPTIBLE or preemption_claim(claimer=session):
+        return interruptible
+    return interruptible | {(session.gpu_model_id, Session.Tier.ON_DEMAND)}
 
 
 def node_sessions_lost(*, node: Node, reason: Message | str) -> int:

@@ -23,7 +23,7 @@ from django.utils import timezone
 from notices.services import notify
 from provisioner.messages import Message, message
 from provisioner.models import Session, StopWarning
-from provisioner.services.sessions import session_event
+from provisioner.services.events import session_event
 
 log = logging.getLogger("provisioner.stop_warnings")
 W = StopWarning.Kind

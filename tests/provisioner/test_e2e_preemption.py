@@ -1,0 +1,96 @@
+"""Preemption end to end: the portal under uvicorn, a Celery worker and beat (the limits sweep stops the
+victim, the queue dispatch hands its slots over), and a node agent on a fake A100 fleet running real
+JupyterLab processes. An interruptible session is preempted by an on-demand launch: warned (by email
+too), stopped after its grace, billed to its stop at its own price, re-queued, and resumed once the
+on-demand session stops. The test only launches and stops through the API and watches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from billing.models import Meter
+from billing.services.pricing import price_set
+from portal.services import access_token_create
+from provisioner.models import Session, StopWarning
+from tests.browser.steps import a100_offer, product_stack, stack_env, wait_for_free_gpu
+from tests.provisioner.conftest import A100, make_user
+from tests.stack import wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+UNIT = 1_000_000
+CHEAP_MICROS = 900_000_000  # 0.25 a second; on demand costs 1.00 (steps.a100_offer)
+
+
+def _api(web_url: str, user) -> httpx.Client:
+    _token, raw = access_token_create(user=user, name="e2e", scopes=["read", "sessions"])
+    return httpx.Client(base_url=web_url, headers={"Authorization": f"Bearer {raw}"}, timeout=30)
+
+
+def _launch(api: httpx.Client, **fields) -> str:
+    body = {"gpu_model": A100, "profile": "whole", "environment": "python-3.11", "max_hours": 1, **fields}
+    response = api.post("/api/v1/sessions", json=body)
+    assert response.status_code == 201, response.text
+    return response.json()["id"]
+
+
+def _state_is(session_id, state: str, timeout: float = 90) -> Session:
+    wait_for(lambda: Session.objects.get(id=session_id).state == state, timeout, 0.3, f"{session_id} {state}")
+    return Session.objects.get(id=session_id)
+
+
+def _mail(tmp_path: Path) -> str:
+    folder = tmp_path / "mail"
+    return "\n".join(p.read_text() for p in sorted(folder.glob("*"))) if folder.exists() else ""
+
+
+def test_an_interruptible_session_is_preempted_warned_stopped_billed_requeued_and_resumed(tmp_path):
+    env = stack_env(
+        EMAIL_URL=f"file://{tmp_path / 'mail'}",
+        SESSION_LIMITS_SWEEP_SECONDS="1",
+        SESSION_PREEMPT_GRACE_SECONDS="4",
+        BILLING_ADMISSION_MINUTES="0",
+    )
+    with product_stack(tmp_path, env=env) as stack:
+        a100_offer()
+        price_set(
+            gpu_model=A100,
+            profile="whole",
+            price_micros_per_hour=3_600_000_000,
+            interruptible_price_micros_per_hour=CHEAP_MICROS,
+        )
+        wait_for_free_gpu(stack, profile="whole")
+        cheap = _api(stack["web"].url, make_user("cheap", funds=10_000 * UNIT))
+        urgent = _api(stack["web"].url, make_user("urgent", funds=10_000 * UNIT))
+
+        victim_id = _launch(cheap, tier="interruptible", resume=True)
+        _state_is(victim_id, "running")
+        on_demand_id = _launch(urgent)
+        assert Session.objects.get(id=on_demand_id).state == "queued"
+        warning = StopWarning.objects.get(session_id=victim_id, kind="preempt")
+        wait_for(
+            lambda: "An on-demand launch needs this GPU" in _mail(tmp_path), 30, 0.3, "the warning by mail"
+        )
+
+        victim = _state_is(victim_id, "stopped", timeout=60)
+        assert victim.ended_at >= warning.due_at
+        _state_is(on_demand_id, "running")
+        assert Session.objects.get(id=on_demand_id).device_id == victim.device_id
+
+        meter = Meter.objects.get(session_ref=victim_id)
+        assert meter.state == Meter.State.CLOSED and meter.price_micros_per_hour == CHEAP_MICROS
+        # billed by the second up to the last time the agent saw it alive, never past its stop
+        assert meter.billed_until <= meter.ended_at <= victim.ended_at
+        assert (meter.ended_at - meter.billed_until).total_seconds() < 3
+        assert meter.charged_micros + meter.card_charged_micros == meter.billed_seconds * CHEAP_MICROS // 3600
+
+        resumed = Session.objects.get(resumed_from_id=victim_id)
+        assert resumed.state == "queued" and resumed.tier == "interruptible"
+        assert cheap.get(f"/api/v1/sessions/{victim_id}").json()["resumed_as"] == str(resumed.id)
+
+        assert urgent.post(f"/api/v1/sessions/{on_demand_id}/stop", json={}).status_code == 200
+        _state_is(resumed.id, "running")
+        cheap.post(f"/api/v1/sessions/{resumed.id}/stop", json={})
+        _state_is(resumed.id, "stopped", timeout=60)
