@@ -371,10 +371,10 @@ def test_a_block_taken_since_the_read_is_not_given_again(a100):
     user = user_make()
     profiles_ensure()
     first, second = session_row(user, model=a100), session_row(user, model=a100)
-    request = Request(A100, "slice", 1)
-    assert placement._try_take(first.id, a100, request, Choice(gpu.id, 3, 1), skip_locked=True) is not None
-    assert placement._try_take(second.id, a100, request, Choice(gpu.id, 3, 1), skip_locked=True) is None
-    assert placement._try_take(second.id, a100, request, Choice(gpu.id, 2, 2), skip_locked=True) is None
+    eligible = placement._eligible_devices(a100, Request(A100, "slice", 1))
+    assert placement._try_take(first.id, eligible, Choice(gpu.id, 3, 1), skip_locked=True) is not None
+    assert placement._try_take(second.id, eligible, Choice(gpu.id, 3, 1), skip_locked=True) is None
+    assert placement._try_take(second.id, eligible, Choice(gpu.id, 2, 2), skip_locked=True) is None
     assert not Allocation.objects.filter(session=second).exists()
     assert slot_pairs() == [(gpu.id, 3)]
 
