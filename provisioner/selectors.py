@@ -44,7 +44,8 @@ def workload_user(user) -> str:
 
 
 def workload_spec(session: Session) -> dict:
-    """The workload spec of docs/AGENT_PROTOCOL.md for one placed session."""
+    """The workload spec of docs/AGENT_PROTOCOL.md for one placed session (a multi-GPU one lists every
+    GPU in ``device_uuids``)."""
     env = session.environment
     allocation = None
     if session.device_id is not None:
@@ -55,6 +56,9 @@ def workload_spec(session: Session) -> dict:
             "slot_count": session.slot_count,
             "sharing_policy": session.sharing_policy,
         }
+        devices = session.gpu_devices()
+        if len(devices) > 1:
+            allocation["device_uuids"] = [d.uuid for d in devices]
     return {
         "session_id": str(session.id),
         "user": workload_user(session.owner),
@@ -71,6 +75,7 @@ def desired_workloads(*, node: Node) -> list[dict]:
     sessions = (
         Session.objects.filter(node=node, state__in=Session.ON_NODE)
         .select_related("environment", "owner", "device", "profile")
+        .prefetch_related("devices")
         .order_by("created_at")
     )
     return [workload_spec(s) for s in sessions]
