@@ -599,10 +599,9 @@ def nodes_reserved(*, gpu_model, besides=None) -> list[int]:
     )
 
 
-def reserve_node_pick(*, gpu_model, gpu_count: int, taken=()) -> int | None:
-    """The node a waiting request for ``gpu_count`` whole GPUs of ``gpu_model`` fits best on: of the
-    active nodes with at least that many eligible GPUs and not in ``taken``, the one with the most of them
-    fully free now (the fewest sessions to wait for); None when no node has that many."""
+def _gpus_by_node(gpu_model):
+    """Per active node: its eligible whole GPUs of ``gpu_model`` (``gpus``) and how many of them are
+    fully free now (``free``)."""
     from django.db.models import Count, Q
 
     from provisioner.models import Device
@@ -610,9 +609,25 @@ def reserve_node_pick(*, gpu_model, gpu_count: int, taken=()) -> int | None:
     physical = _eligible_devices(gpu_model, Request(gpu_model.name, WHOLE)).filter(kind=Device.Kind.PHYSICAL)
     return (
         _with_masks(physical)
-        .exclude(node_id__in=list(taken))
         .values("node_id")
         .annotate(gpus=Count("id"), free=Count("id", filter=Q(slot_mask=0)))
+        .order_by()
+    )
+
+
+def node_gpus_most(*, gpu_model) -> int:
+    """The most whole GPUs of ``gpu_model`` one active node has: the largest multi-GPU profile that can
+    ever be placed (0 when none)."""
+    return max(_gpus_by_node(gpu_model).values_list("gpus", flat=True), default=0)
+
+
+def reserve_node_pick(*, gpu_model, gpu_count: int, taken=()) -> int | None:
+    """The node a waiting request for ``gpu_count`` whole GPUs of ``gpu_model`` fits best on: of the
+    active nodes with at least that many eligible GPUs and not in ``taken``, the one with the most of them
+    fully free now (the fewest sessions to wait for); None when no node has that many."""
+    return (
+        _gpus_by_node(gpu_model)
+        .exclude(node_id__in=list(taken))
         .filter(gpus__gte=gpu_count)
         .order_by("-free", "node_id")
         .values_list("node_id", flat=True)

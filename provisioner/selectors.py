@@ -29,7 +29,7 @@ from provisioner.models import (
     Session,
     StopWarning,
 )
-from provisioner.placement import free_index, request_for
+from provisioner.placement import free_index, node_gpus_most, request_for
 from provisioner.sealing import unseal
 
 _USER_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
@@ -89,6 +89,7 @@ def session_get_for_user(*, user, session_id) -> Session:
         raise NotFound(_("No such session."))
     session = (
         Session.objects.select_related("gpu_model", "profile", "environment", "node", "device", "account")
+        .prefetch_related("devices")
         .filter(id=sid, owner=user)
         .first()
     )
@@ -101,6 +102,7 @@ def session_list_for_user(*, user) -> QuerySet[Session]:
     return (
         Session.objects.filter(owner=user)
         .select_related("gpu_model", "profile", "environment", "node", "device", "account")
+        .prefetch_related("devices")
         .order_by("-created_at")
     )
 
@@ -291,18 +293,29 @@ def _price(*, gpu_model: str, profile: str) -> dict | None:
     }
 
 
+def profiles_offered(*, gpu_model: GpuModel, profiles: dict[str, Profile]) -> list[str]:
+    """The profiles ``gpu_model`` offers that its fleet can hold: a multi-GPU profile (``2x``…) only where
+    some active node has that many GPUs of the model."""
+    counts = [profiles[n].gpu_count for n in gpu_model.profiles if n in profiles]
+    most = node_gpus_most(gpu_model=gpu_model) if any(c > 1 for c in counts) else 1
+    return [n for n in gpu_model.profiles if n not in profiles or profiles[n].gpu_count <= most]
+
+
 def catalog() -> dict:
-    """Models with their offered profiles, environments, prices (from billing) and availability now."""
+    """Models with their offered profiles (``gpu_count``: the whole GPUs one takes), environments, prices
+    (from billing) and availability now."""
     free = availability()
+    profiles = {p.name: p for p in Profile.objects.all()}
     models = []
     for model in GpuModel.objects.filter(enabled=True).order_by("name"):
         offered = [
             {
                 "profile": name,
+                "gpu_count": profiles[name].gpu_count if name in profiles else 1,
                 "price": _price(gpu_model=model.name, profile=name),
                 "available": free.get((model.name, name), 0),
             }
-            for name in model.profiles
+            for name in profiles_offered(gpu_model=model, profiles=profiles)
         ]
         models.append(
             {
@@ -326,8 +339,8 @@ def catalog() -> dict:
         "gpu_models": models,
         "cpu": cpu,
         "profiles": [
-            {"name": p.name, "kind": p.kind, "eighths": p.eighths}
-            for p in Profile.objects.order_by("kind", "name")
+            {"name": p.name, "kind": p.kind, "eighths": p.eighths, "gpu_count": p.gpu_count}
+            for p in sorted(profiles.values(), key=lambda p: (p.kind, p.name))
         ],
         "environments": [
             {"name": e.name, "runtime": "docker" if e.image and not e.python else "process"}

@@ -42,6 +42,7 @@ from provisioner.placement import (
     allocation_place,
     cpu_node_pick,
     free_index,
+    node_gpus_most,
     nodes_reserved,
     reserve_node_pick,
 )
@@ -143,6 +144,12 @@ def _catalog(
         raise ValidationFailed(
             _("%(gpu_model)s is not offered as %(profile)s.") % {"gpu_model": model.name, "profile": profile},
             fields={"profile": f"not offered on {model.name}"},
+        )
+    if profile_obj.gpu_count > 1 and profile_obj.gpu_count > node_gpus_most(gpu_model=model):
+        raise ValidationFailed(
+            _("No node has %(count)s %(gpu_model)s GPUs.")
+            % {"count": profile_obj.gpu_count, "gpu_model": model.name},
+            fields={"profile": f"no node has {profile_obj.gpu_count} GPUs of {model.name}"},
         )
     return model, profile_obj, env
 
