@@ -135,16 +135,19 @@ def device_class(*, kind: str, sharing_policy: str, mig_profile: str, mig_mode: 
 Place = tuple[int, str]  # (node, topology group)
 
 
-def _move(at: dict[str, dict[int, dict]], model: str, key, before: int, after: int) -> None:
-    """Move ``key`` from the ``before`` bucket to the ``after`` bucket of ``model``'s counts."""
-    buckets = at.setdefault(model, {})
+def _move(buckets: dict[int, dict], key, before: int, after: int) -> None:
+    """Move ``key`` from the ``before`` bucket to the ``after`` bucket (0: none) of ``buckets``."""
     if before:
         bucket = buckets[before]
         del bucket[key]
         if not bucket:
             del buckets[before]
     if after:
-        buckets.setdefault(after, {})[key] = None
+        bucket = buckets.get(after)
+        if bucket is None:
+            buckets[after] = {key: None}
+        else:
+            bucket[key] = None
 
 
 class _Groups:
@@ -169,17 +172,19 @@ class _Groups:
         other._node_groups = {k: dict(v) for k, v in self._node_groups.items()}
         return other
 
-    def home(self, device_id: int) -> Place:
-        _model, node, group = self._home.get(device_id, ("", 0, ""))
-        return node, group
-
     def place(self, device_id: int, *, gpu_model: str, node: int, group: str) -> None:
         self._home[device_id] = (gpu_model, node, group)
         self._node_groups.setdefault((gpu_model, node), {})[group] = None
 
     def unplace(self, device_id: int) -> None:
-        home = self._home.pop(device_id, None)
-        if home is not None and device_id in self._free.get(home, ()):
+        if device_id in self._home:
+            self.busy(device_id)
+            del self._home[device_id]
+
+    def busy(self, device_id: int) -> None:
+        """The device is no longer fully free (nothing when it was not)."""
+        home = self._home[device_id]
+        if device_id in self._free.get(home, ()):
             self._count(home, -1)
             del self._free[home][device_id]
 
@@ -189,11 +194,13 @@ class _Groups:
         self._free.setdefault(home, {})[device_id] = exclusive
 
     def _count(self, home: tuple[str, int, str], change: int) -> None:
+        """Move the device's group and node to their new free counts (before the device's own entry in
+        ``_free`` changes)."""
         model, node, group = home
         in_group = len(self._free.get(home, ()))
-        _move(self._groups_at, model, (node, group), in_group, in_group + change)
+        _move(self._groups_at.setdefault(model, {}), (node, group), in_group, in_group + change)
         on_node = self._node_free.get((model, node), 0)
-        _move(self._nodes_at, model, node, on_node, on_node + change)
+        _move(self._nodes_at.setdefault(model, {}), node, on_node, on_node + change)
         self._node_free[(model, node)] = on_node + change
 
     def _take(self, model: str, node: int, groups: list[str], count: int) -> Choice:
@@ -268,10 +275,7 @@ class FreeIndex:
         multi-GPU requests."""
         if device_id in self._where:
             raise ValueError(f"device {device_id} is already indexed")
-        bucket = self._pools.setdefault((gpu_model, device_class), {}).setdefault(mask, [])
-        self._position[device_id] = len(bucket)
-        bucket.append(device_id)
-        self._where[device_id] = (gpu_model, device_class, mask)
+        self._bucket_add(device_id, gpu_model, device_class, mask)
         if device_class in (EXCLUSIVE, SHARED):
             self._groups.place(device_id, gpu_model=gpu_model, node=node, group=group)
             if mask == 0:
@@ -279,6 +283,15 @@ class FreeIndex:
 
     def remove(self, device_id: int) -> None:
         self._groups.unplace(device_id)
+        self._bucket_remove(device_id)
+
+    def _bucket_add(self, device_id: int, model: str, cls: str, mask: int) -> None:
+        bucket = self._pools.setdefault((model, cls), {}).setdefault(mask, [])
+        self._position[device_id] = len(bucket)
+        bucket.append(device_id)
+        self._where[device_id] = (model, cls, mask)
+
+    def _bucket_remove(self, device_id: int) -> tuple[str, str, int]:
         model, cls, mask = self._where.pop(device_id)
         pool = self._pools[(model, cls)]
         bucket = pool[mask]
@@ -289,15 +302,19 @@ class FreeIndex:
             self._position[last] = hole
         if not bucket:
             del pool[mask]
+        return model, cls, mask
 
     def mask(self, device_id: int) -> int:
         return self._where[device_id][2]
 
     def set_mask(self, device_id: int, mask: int) -> None:
-        model, cls, _ = self._where[device_id]
-        node, group = self._groups.home(device_id)
-        self.remove(device_id)
-        self.add(device_id, gpu_model=model, device_class=cls, mask=mask, node=node, group=group)
+        model, cls, before = self._bucket_remove(device_id)
+        self._bucket_add(device_id, model, cls, mask)
+        if cls in (EXCLUSIVE, SHARED) and (before == 0) != (mask == 0):  # became fully free, or stopped
+            if mask == 0:
+                self._groups.free(device_id, exclusive=cls == EXCLUSIVE)
+            else:
+                self._groups.busy(device_id)
 
     def occupy(self, choice: Choice) -> None:
         taken = block_mask(choice.slot_start, choice.slot_count)
