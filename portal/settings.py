@@ -322,7 +322,7 @@ try:
     SESSION_IDLE_COUNT_CONNECTED = env("SESSION_IDLE_COUNT_CONNECTED", True)
     SESSION_NOTICES_POLL_SECONDS = env("SESSION_NOTICES_POLL_SECONDS", 20)  # JupyterLab asks this often
     QUEUE_MAX_WAIT_SECONDS = env("QUEUE_MAX_WAIT_SECONDS", 3600)
-    # A multi-GPU session waiting this long reserves the node it fits best on (docs/INTERFACES.md).
+    # A multi-GPU session waiting this long reserves the node it fits best on (docs/PLACEMENT.md).
     QUEUE_LARGE_RESERVE_SECONDS = env("QUEUE_LARGE_RESERVE_SECONDS", 600)
     QUOTA_DEFAULT_MAX_EIGHTHS = env("QUOTA_DEFAULT_MAX_EIGHTHS", 16)
     QUOTA_DEFAULT_MAX_SESSIONS = env("QUOTA_DEFAULT_MAX_SESSIONS", 4)

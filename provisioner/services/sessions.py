@@ -547,7 +547,7 @@ def session_start_failed(*, session_id, reason: Message | str) -> bool:
 
 def queue_dispatch(*, now: datetime | None = None) -> int:
     """Place waiting sessions while capacity allows; fail those that waited longer than their longest
-    wait. Per GPU model, in queue order, by the rule of docs/INTERFACES.md (the queue):
+    wait. Per GPU model, in queue order, by the rule of docs/PLACEMENT.md (the queue):
 
     - a one-device request that does not fit blocks the ones behind it of that model (none passes it);
     - a multi-GPU request that does not fit lets the ones behind it pass, until it has waited
