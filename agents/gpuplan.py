@@ -5,7 +5,8 @@ the files to mount. The host's facts (is ``libvgpu.so`` there, is the MPS contro
 come in as ``HostGpuTools``; nothing here touches the file system.
 
 Sharing policies, one per GPU at a time:
-- ``exclusive``: a whole card or a MIG device, passed through by UUID; no caps.
+- ``exclusive``: a whole card or a MIG device, passed through by UUID; no caps. A multi-GPU profile
+  (``2x``, ``4x``, ``8x``) passes through that many whole cards of this node, all of them by UUID.
 - ``fixed-share``: HAMi-core's ``libvgpu.so`` preloaded; ``CUDA_DEVICE_MEMORY_LIMIT`` and
   ``CUDA_DEVICE_SM_LIMIT`` from the slice.
 - ``equal-share``: one NVIDIA MPS control daemon per GPU; ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` and
@@ -26,6 +27,7 @@ SLICE_PROFILES = {"whole": 8, "1/2": 4, "1/4": 2, "1/8": 1}
 SHARING_POLICIES = ("exclusive", "fixed-share", "equal-share", "best-effort")
 SHARED_POLICIES = ("fixed-share", "equal-share", "best-effort")
 MIG_PROFILE_RE = re.compile(r"^(?P<slices>[1-7])g\.(?P<gb>\d+)gb(?:\+me)?$")
+GPU_COUNT_RE = re.compile(r"^(?P<count>[248])x$")  # N whole GPUs: 2x, 4x, 8x
 # Where libvgpu.so and its preload list appear inside a sandbox or container, as HAMi lays them out.
 VGPU_LIB_TARGET = "/usr/local/vgpu/libvgpu.so"
 LD_SO_PRELOAD = "/etc/ld.so.preload"
@@ -48,6 +50,11 @@ class Allocation:
     slot_start: int
     slot_count: int
     sharing_policy: str
+    device_uuids: tuple[str, ...] = ()  # a multi-GPU profile: every GPU, ``device_uuid`` first
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        return self.device_uuids or (self.device_uuid,)
 
 
 @dataclass(frozen=True)
@@ -97,6 +104,7 @@ class GpuPlan:
     mps_pipe_directory: str | None = None  # set for equal-share: the GPU's MPS daemon
     mps_log_directory: str | None = None
     device_nodes: tuple[str, ...] = ()  # under /dev: what the sandbox's /dev holds (the kernel's check)
+    device_uuids: tuple[str, ...] = ()  # a multi-GPU plan: every GPU (``device_uuid`` is the first)
 
     def to_json(self) -> dict:
         return copy.deepcopy(self.wire)
@@ -113,14 +121,26 @@ class GpuPlan:
         values = dict(data)
         values["mounts"] = tuple(Mount(**m) for m in values.get("mounts", ()))
         values["device_nodes"] = tuple(values.get("device_nodes", ()))
+        values["device_uuids"] = tuple(values.get("device_uuids", ()))
         return cls(**values)
 
-    def share(self, session_id: str) -> RunningShare | None:
+    def shares(self, session_id: str) -> list[RunningShare]:
+        """What the plan holds, one share per GPU (a multi-GPU plan: every slot of each)."""
         if self.gpu_uuid is None or self.device_uuid is None or self.sharing_policy is None:
-            return None
-        return RunningShare(
-            session_id, self.gpu_uuid, self.device_uuid, self.sharing_policy, self.slot_start, self.slot_count
-        )
+            return []
+        return [
+            RunningShare(session_id, uuid, uuid, self.sharing_policy, self.slot_start, self.slot_count)
+            for uuid in self.device_uuids
+        ] or [
+            RunningShare(
+                session_id,
+                self.gpu_uuid,
+                self.device_uuid,
+                self.sharing_policy,
+                self.slot_start,
+                self.slot_count,
+            )
+        ]
 
 
 def served_policies(tools: HostGpuTools) -> list[str]:
@@ -168,10 +188,52 @@ def gpu_plan(
     ``running`` are the shares already served on this host (other sessions); a plan that would mix
     policies on one GPU, or overlap their slots, is refused.
     """
+    if GPU_COUNT_RE.match(allocation.profile):
+        return _multi_gpu_plan(allocation, inventory, running=running, session_id=session_id)
     gpu, mig, size = _checked_device(allocation, inventory)
     _check_slots(allocation, size)
     _check_running(allocation, gpu["uuid"], running, session_id)
     return _plan(allocation, gpu, mig, tools)
+
+
+def _multi_gpu_plan(
+    a: Allocation, inventory: Mapping, *, running: Iterable[RunningShare], session_id: str
+) -> GpuPlan:
+    """N whole GPUs of this node, passed through together: every one healthy, not in MIG mode, listed
+    once, exclusive and free of other workloads; the workload sees all of them and only them."""
+    count = int(GPU_COUNT_RE.match(a.profile)["count"])
+    uuids = a.devices
+    if len(uuids) != count or len(set(uuids)) != count or uuids[0] != a.device_uuid:
+        raise PlanError(
+            {"allocation.device_uuids": f"{a.profile} lists {count} distinct GPUs, device_uuid first"}
+        )
+    if a.sharing_policy != "exclusive":
+        raise PlanError({POLICY_FIELD: "whole cards are passed through: use exclusive"})
+    gpus = []
+    for uuid in uuids:
+        found = _find_device(inventory, uuid)
+        if found is None or found[1] is not None:
+            raise PlanError({"allocation.device_uuids": f"{uuid} is not a GPU of this node"})
+        gpu = found[0]
+        if gpu.get("health") != "ok" or gpu.get("mig_mode"):
+            raise PlanError({"allocation.device_uuids": f"{uuid} is lost or in MIG mode"})
+        gpus.append(gpu)
+    for uuid in uuids:
+        whole = Allocation(uuid, "whole", a.slot_start, a.slot_count, a.sharing_policy)
+        _check_slots(whole, SLOTS_PER_GPU)
+        _check_running(whole, uuid, running, session_id)
+    visible = ",".join(uuids)
+    return GpuPlan(
+        gpu_uuid=uuids[0],
+        device_uuid=uuids[0],
+        profile=a.profile,
+        sharing_policy=a.sharing_policy,
+        slot_start=a.slot_start,
+        slot_count=a.slot_count,
+        env={"CUDA_VISIBLE_DEVICES": visible, "NVIDIA_VISIBLE_DEVICES": visible},
+        device_nodes=tuple(dict.fromkeys(n for gpu in gpus for n in device_nodes(gpu, None))),
+        device_uuids=uuids,
+    )
 
 
 def _checked_device(a: Allocation, inventory: Mapping) -> tuple[Mapping, Mapping | None, int]:
@@ -345,8 +407,9 @@ def enforcement(
     """What the host really enforces of a plan, for the portal's pages: ``{"device", "memory",
     "compute"}``, each ``{"enforced": bool, "by": …}``. ``device_isolated``: the workload can open no
     other GPU's device node (the sandbox's /dev, a container's device request); ``preload_pinned``:
-    libvgpu.so is loaded through an ``/etc/ld.so.preload`` the workload cannot change. None for a
-    workload without a GPU."""
+    libvgpu.so is loaded through an ``/etc/ld.so.preload`` the workload cannot change. A multi-GPU plan
+    adds ``per_device``: the same report for each of its GPUs, by UUID. None for a workload without a
+    GPU."""
     if plan.gpu_uuid is None:
         return None
     mig = (plan.device_uuid or "").startswith("MIG-")
@@ -359,7 +422,10 @@ def enforcement(
         }
     if plan.sharing_policy == "exclusive":
         whole = {"enforced": device_isolated, "by": "whole-device" if device_isolated else "environment"}
-        return {"device": device, "memory": whole, "compute": whole}
+        report = {"device": device, "memory": whole, "compute": whole}
+        if plan.device_uuids:  # one sandbox or container holds every GPU of the plan alike
+            report["per_device"] = {uuid: dict(report) for uuid in plan.device_uuids}
+        return report
     if plan.sharing_policy == "equal-share":
         return {
             "device": device,

@@ -51,7 +51,15 @@ class WorkloadSpec:
     limits: Limits
 
     def to_json(self) -> dict:
-        return asdict(self)
+        """The spec as the portal sends it: a one-device allocation without ``device_uuids`` (so its
+        fingerprint is the one agents before multi-GPU sessions recorded)."""
+        data = asdict(self)
+        allocation = data["allocation"]
+        if allocation is not None:
+            uuids = allocation.pop("device_uuids")
+            if uuids:
+                allocation["device_uuids"] = list(uuids)
+        return data
 
     def fingerprint(self) -> str:
         """A digest of the whole spec, token included, to tell 'the same spec' from 'a different one'
@@ -141,8 +149,14 @@ def _parse_allocation(body: Mapping, errors: dict[str, str]) -> Allocation | Non
         errors["allocation"] = "must be an object or null"
         return None
     _check_keys(
-        alloc, "allocation.", ("device_uuid", "profile", "slot_start", "slot_count", "sharing_policy"), errors
+        {k: v for k, v in alloc.items() if k != "device_uuids"},
+        "allocation.",
+        ("device_uuid", "profile", "slot_start", "slot_count", "sharing_policy"),
+        errors,
     )
+    uuids = alloc.get("device_uuids", [])
+    if not isinstance(uuids, list) or not all(isinstance(u, str) and u for u in uuids) or len(uuids) > 16:
+        errors["allocation.device_uuids"] = "must be a list of at most 16 non-empty strings"
     for key in ("device_uuid", "profile", "sharing_policy"):
         if key in alloc and (not isinstance(alloc[key], str) or not alloc[key]):
             errors[f"allocation.{key}"] = "must be a non-empty string"
@@ -151,7 +165,8 @@ def _parse_allocation(body: Mapping, errors: dict[str, str]) -> Allocation | Non
             errors[f"allocation.{key}"] = "must be an integer"
     if any(k.startswith("allocation.") for k in errors):
         return None
-    return Allocation(**{k: alloc[k] for k in Allocation.__dataclass_fields__})
+    fields = {k: alloc[k] for k in Allocation.__dataclass_fields__ if k != "device_uuids"}
+    return Allocation(**fields, device_uuids=tuple(uuids))
 
 
 def _parse_limits(body: Mapping, errors: dict[str, str]) -> Limits | None:

@@ -199,7 +199,7 @@ class Workloads:
 
     # -- commands -----------------------------------------------------------------------------
     def _running_shares(self) -> list:
-        return [share for w in self._table.values() if w.live and (share := w.plan.share(w.session_id))]
+        return [share for w in self._table.values() if w.live for share in w.plan.shares(w.session_id)]
 
     def put(self, spec: WorkloadSpec) -> tuple[bool, Workload]:
         """Create the workload (True) or find the same one (False), starting or not. The table's

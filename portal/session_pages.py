@@ -128,6 +128,7 @@ def _launch_choice(request: HttpRequest, catalog: dict) -> dict:
     models = {m["name"]: m for m in catalog["gpu_models"]}
     gpu_model = data.get("gpu_model") or (catalog["gpu_models"][0]["name"] if models else "")
     offered = [p["profile"] for p in models[gpu_model]["profiles"]] if gpu_model in models else []
+    gpu_counts = {p["profile"]: p["gpu_count"] for p in models[gpu_model]["profiles"]} if offered else {}
     if catalog["cpu"]:
         offered.append("cpu")
     profile = data.get("profile") if data.get("profile") in offered else (offered[0] if offered else "")
@@ -137,6 +138,8 @@ def _launch_choice(request: HttpRequest, catalog: dict) -> dict:
         "gpu_model": gpu_model,
         "profile": profile,
         "offered": offered,
+        "options": [(name, gpu_counts.get(name, 1)) for name in offered],  # (profile, whole GPUs it takes)
+        "gpu_count": gpu_counts.get(profile, 1),
         "environment": environment or (environments[0] if environments else ""),
         "max_hours": data.get("max_hours", ""),
         "idle_minutes": data.get("idle_minutes", ""),
@@ -205,6 +208,7 @@ def _defaults() -> dict:
     return {
         "max_hours": settings.SESSION_DEFAULT_MAX_HOURS,
         "idle_minutes": settings.SESSION_DEFAULT_IDLE_MINUTES,
+        "large_reserve_minutes": settings.QUEUE_LARGE_RESERVE_SECONDS // 60,
     }
 
 
@@ -269,6 +273,7 @@ def limits_shown(limits: Limits) -> dict | None:
             for key, row in limits.enforced.items()
         },
         "device": limits.device,
+        "devices": limits.devices,
         "slots": limits.slot_range,
         "memory_cap_mib": limits.memory_cap_mib,
         "compute": _compute_line(limits),
@@ -309,6 +314,7 @@ def _session_context(request: HttpRequest, session: Session) -> dict:
         "view": view,
         "steps": steps,
         "queue": view.queue,
+        "large_reserve_minutes": settings.QUEUE_LARGE_RESERVE_SECONDS // 60,
         "limits": limits_shown(view.limits),
         "metrics": chart_series(view),
         "events": session.events.order_by("-at")[:50],

@@ -141,6 +141,7 @@ class DeviceAdmin(admin.ModelAdmin):
         "gpu_model",
         "health",
         "sharing_policy",
+        "topology_group",
         "slots",
         "last_seen_at",
     )

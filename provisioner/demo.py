@@ -22,7 +22,7 @@ from provisioner.services.nodes import node_enroll, node_token
 ENVIRONMENT = "python-3.11 (JupyterLab)"
 GPU_MODELS = [
     # name, memory, peak dense BF16 TFLOPS, offered profiles, NVML names (the fake fleet adds "NVIDIA ")
-    ("A100-SXM4-80GB", 81920, 312.0, ["whole", "1/2", "1/4", "1/8"], ["NVIDIA A100-SXM4-80GB"]),
+    ("A100-SXM4-80GB", 81920, 312.0, ["whole", "2x", "4x", "1/2", "1/4", "1/8"], ["NVIDIA A100-SXM4-80GB"]),
     ("T4", 15360, 65.0, ["whole", "1/2"], ["NVIDIA Tesla T4", "Tesla T4"]),
     ("H200", 143771, 989.0, ["whole", "1g.18gb"], ["NVIDIA H200"]),
 ]
@@ -34,6 +34,16 @@ NODES = [("node-a", "http://127.0.0.1:8701"), ("node-b", "http://127.0.0.1:8702"
 NODE_LABELS = {"sharing_policy": "best-effort"}
 PROFILES = [("whole", "whole", 8, 8), ("1/2", "slice", 4, 4), ("1/4", "slice", 2, 2), ("1/8", "slice", 1, 1)]
 PROFILES += [("cpu", "cpu", 0, 0), ("1g.18gb", "mig", 8, 1)]
+GPU_COUNTS = (2, 4, 8)  # multi-GPU profiles "2x", "4x", "8x": N whole GPUs of one node
+
+
+def multi_gpu_profiles_ensure() -> None:
+    """The multi-GPU profiles, as migration 0010 seeds them (a transactional test flushes them)."""
+    for count in GPU_COUNTS:
+        Profile.objects.get_or_create(
+            name=f"{count}x",
+            defaults={"kind": "whole", "eighths": 8, "quota_eighths": 8 * count, "gpu_count": count},
+        )
 
 
 def _current_price(gpu_model: str, profile: str) -> int | None:
@@ -65,6 +75,7 @@ def seed_hardware() -> list[str]:
         Profile.objects.get_or_create(
             name=name, defaults={"kind": kind, "eighths": eighths, "quota_eighths": quota}
         )
+    multi_gpu_profiles_ensure()
     for name, memory_mib, tflops, profiles, nvml_names in GPU_MODELS:
         GpuModel.objects.update_or_create(
             name=name,

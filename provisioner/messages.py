@@ -36,6 +36,9 @@ TEMPLATES: dict[str, str] = {
     "launched_by": gettext_noop("Launched by %(user)s"),
     "placed_on": gettext_noop("Placed on %(node)s"),
     "no_room": gettext_noop("No free %(gpu_model)s %(profile)s right now: waiting in the queue."),
+    "reserved_node": gettext_noop(
+        "Waited long enough to reserve %(node)s: nothing else of this model starts there until this fits."
+    ),
     "cancelled": gettext_noop("Cancelled: %(why)s"),
     "cancelled_by": gettext_noop("Cancelled by %(actor)s: %(why)s"),
     "stop": gettext_noop("Stop: %(why)s"),

@@ -61,10 +61,17 @@ class Profile(models.Model):
         help_text="Slots of the device it takes (MIG: 8 of its device)."
     )
     quota_eighths = models.PositiveSmallIntegerField(help_text="Eighths of a card it counts for in quotas.")
+    gpu_count = models.PositiveSmallIntegerField(
+        default=1, help_text="Whole GPUs of one node it takes (2x, 4x, 8x); 1 for every other profile."
+    )
 
     class Meta:
         constraints = [
             models.CheckConstraint(condition=Q(eighths__in=[0, 1, 2, 4, 8]), name="profile_eighths_buddy"),
+            models.CheckConstraint(
+                condition=Q(gpu_count=1) | Q(kind="whole", gpu_count__in=[2, 4, 8]),
+                name="profile_gpu_count_whole",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -145,6 +152,9 @@ class Device(models.Model):
     gpu_model = models.ForeignKey(GpuModel, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     nvml_name = models.CharField(max_length=100, blank=True)
     pci_bus_id = models.CharField(max_length=32, blank=True)
+    # GPUs of one node with the same group share an NVLink domain or PCIe switch (the agent's report);
+    # blank where the agent could not tell. Multi-GPU placement keeps a session's GPUs in one group.
+    topology_group = models.CharField(max_length=64, blank=True)
     mig_mode = models.BooleanField(default=False)
     mig_profile = models.CharField(max_length=32, blank=True)
     memory_mib = models.PositiveIntegerField(default=0)
@@ -222,6 +232,13 @@ class Session(models.Model):
 
     node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.PROTECT, related_name="sessions")
     device = models.ForeignKey(Device, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    # Every GPU of a multi-GPU session (``device`` is the first of them); empty for one device.
+    devices = models.ManyToManyField(Device, blank=True, related_name="+")
+    # A multi-GPU session that waited past QUEUE_LARGE_RESERVE_SECONDS holds this node: no other
+    # session of its model is placed there until it fits (provisioner/services/sessions.py, the queue).
+    reserved_node = models.ForeignKey(
+        Node, null=True, blank=True, on_delete=models.SET_NULL, related_name="reserved_by"
+    )
     slot_start = models.PositiveSmallIntegerField(null=True, blank=True)
     slot_count = models.PositiveSmallIntegerField(null=True, blank=True)
     sharing_policy = models.CharField(max_length=12, blank=True)
@@ -312,6 +329,13 @@ class Session(models.Model):
     @property
     def base_url(self) -> str:
         return f"/jupyter/{self.id}/"
+
+    def gpu_devices(self) -> list[Device]:
+        """Every device the session runs on, in id order (``device`` first); empty before placement."""
+        several = sorted(self.devices.all(), key=lambda d: d.id)
+        if several:
+            return several
+        return [self.device] if self.device_id else []
 
 
 class Allocation(models.Model):

@@ -30,7 +30,7 @@ from provisioner.models import (
     Session,
     StopWarning,
 )
-from provisioner.placement import free_index, request_for
+from provisioner.placement import free_index, node_gpus_most, request_for
 from provisioner.preemption import Preemptible
 from provisioner.sealing import unseal
 
@@ -46,7 +46,8 @@ def workload_user(user) -> str:
 
 
 def workload_spec(session: Session) -> dict:
-    """The workload spec of docs/AGENT_PROTOCOL.md for one placed session."""
+    """The workload spec of docs/AGENT_PROTOCOL.md for one placed session (a multi-GPU one lists every
+    GPU in ``device_uuids``)."""
     env = session.environment
     allocation = None
     if session.device_id is not None:
@@ -57,6 +58,9 @@ def workload_spec(session: Session) -> dict:
             "slot_count": session.slot_count,
             "sharing_policy": session.sharing_policy,
         }
+        devices = session.gpu_devices()
+        if len(devices) > 1:
+            allocation["device_uuids"] = [d.uuid for d in devices]
     return {
         "session_id": str(session.id),
         "user": workload_user(session.owner),
@@ -73,6 +77,7 @@ def desired_workloads(*, node: Node) -> list[dict]:
     sessions = (
         Session.objects.filter(node=node, state__in=Session.ON_NODE)
         .select_related("environment", "owner", "device", "profile")
+        .prefetch_related("devices")
         .order_by("created_at")
     )
     return [workload_spec(s) for s in sessions]
@@ -86,6 +91,7 @@ def session_get_for_user(*, user, session_id) -> Session:
         raise NotFound(_("No such session."))
     session = (
         Session.objects.select_related("gpu_model", "profile", "environment", "node", "device", "account")
+        .prefetch_related("devices")
         .filter(id=sid, owner=user)
         .first()
     )
@@ -98,6 +104,7 @@ def session_list_for_user(*, user) -> QuerySet[Session]:
     return (
         Session.objects.filter(owner=user)
         .select_related("gpu_model", "profile", "environment", "node", "device", "account")
+        .prefetch_related("devices")
         .order_by("-created_at")
     )
 
@@ -316,18 +323,29 @@ def _price(*, gpu_model: str, profile: str, tier: str = ON_DEMAND) -> dict | Non
     return price
 
 
+def profiles_offered(*, gpu_model: GpuModel, profiles: dict[str, Profile]) -> list[str]:
+    """The profiles ``gpu_model`` offers that its fleet can hold: a multi-GPU profile (``2x``…) only where
+    some active node has that many GPUs of the model."""
+    counts = [profiles[n].gpu_count for n in gpu_model.profiles if n in profiles]
+    most = node_gpus_most(gpu_model=gpu_model) if any(c > 1 for c in counts) else 1
+    return [n for n in gpu_model.profiles if n not in profiles or profiles[n].gpu_count <= most]
+
+
 def catalog() -> dict:
-    """Models with their offered profiles, environments, prices (from billing) and availability now."""
+    """Models with their offered profiles (``gpu_count``: the whole GPUs one takes), environments, prices
+    (from billing) and availability now."""
     free = availability()
+    profiles = {p.name: p for p in Profile.objects.all()}
     models = []
     for model in GpuModel.objects.filter(enabled=True).order_by("name"):
         offered = [
             {
                 "profile": name,
+                "gpu_count": profiles[name].gpu_count if name in profiles else 1,
                 "price": _price(gpu_model=model.name, profile=name),
                 "available": free.get((model.name, name), 0),
             }
-            for name in model.profiles
+            for name in profiles_offered(gpu_model=model, profiles=profiles)
         ]
         models.append(
             {
@@ -351,8 +369,8 @@ def catalog() -> dict:
         "gpu_models": models,
         "cpu": cpu,
         "profiles": [
-            {"name": p.name, "kind": p.kind, "eighths": p.eighths}
-            for p in Profile.objects.order_by("kind", "name")
+            {"name": p.name, "kind": p.kind, "eighths": p.eighths, "gpu_count": p.gpu_count}
+            for p in sorted(profiles.values(), key=lambda p: (p.kind, p.name))
         ],
         "environments": [
             {"name": e.name, "runtime": "docker" if e.image and not e.python else "process"}

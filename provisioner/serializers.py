@@ -141,7 +141,8 @@ class EnforcementOut(serializers.Serializer):
 
 
 class LimitsOut(serializers.Serializer):
-    device = DeviceRefOut(allow_null=True)
+    device = DeviceRefOut(allow_null=True, help_text="The session's (first) GPU or MIG device.")
+    devices = DeviceRefOut(many=True, help_text="Every GPU the session runs on: N for a multi-GPU profile.")
     slot_start = serializers.IntegerField(allow_null=True)
     slot_count = serializers.IntegerField(allow_null=True)
     enforcement = EnforcementOut(allow_null=True)

@@ -49,6 +49,7 @@ class Limits:
     memory and SMs at that share (a whole card or a MIG device is all eight of its own)."""
 
     device: DeviceRef | None  # None: CPU only, or not placed yet
+    devices: tuple[DeviceRef, ...]  # every GPU the session runs on (a multi-GPU session: all N), first first
     slot_start: int | None
     slot_count: int | None
     sharing_policy: str  # as allocated; empty until placed
@@ -247,6 +248,19 @@ def _cost(session: Session, cost: MeterCost | None) -> Cost | None:
     )
 
 
+def _device_ref(session: Session, device: Device) -> DeviceRef:
+    return DeviceRef(
+        id=device.id,
+        uuid=device.uuid,
+        kind=device.kind,
+        index=device.index,
+        name=device.mig_profile or device.nvml_name,
+        nvml_name=device.nvml_name,
+        gpu_model=session.gpu_model.name if session.gpu_model_id else None,
+        memory_mib=device.memory_mib,
+    )
+
+
 def _limits(session: Session) -> Limits:
     device = session.device if session.device_id else None
     memory_cap = percent = None
@@ -260,20 +274,8 @@ def _limits(session: Session) -> Limits:
         part = (reported or {}).get(key) or {}
         enforced[key] = Enforced(enforced=part.get("enforced") is True, by=part.get("by"))
     return Limits(
-        device=(
-            DeviceRef(
-                id=device.id,
-                uuid=device.uuid,
-                kind=device.kind,
-                index=device.index,
-                name=device.mig_profile or device.nvml_name,
-                nvml_name=device.nvml_name,
-                gpu_model=session.gpu_model.name if session.gpu_model_id else None,
-                memory_mib=device.memory_mib,
-            )
-            if device is not None
-            else None
-        ),
+        device=_device_ref(session, device) if device is not None else None,
+        devices=tuple(_device_ref(session, d) for d in session.gpu_devices()),
         slot_start=session.slot_start,
         slot_count=session.slot_count,
         sharing_policy=session.sharing_policy,

@@ -148,6 +148,17 @@ class FakeNvml:
         gpu = self._enter(handle, "nvmlDeviceGetPciInfo")
         return SimpleNamespace(busId=gpu.pci_bus_id, bus_id=gpu.pci_bus_id)
 
+    def nvmlDeviceGetTopologyCommonAncestor(self, first: _Handle, second: _Handle) -> int:  # noqa: N802
+        """GPUs of one ``topology_group`` meet under one PCIe switch (SINGLE), others at the CPU
+        (NODE); NOT_SUPPORTED where the fleet gives no group, as on hosts whose driver cannot tell."""
+        one = self._enter(first, "nvmlDeviceGetTopologyCommonAncestor")
+        other = self._enter(second, "nvmlDeviceGetTopologyCommonAncestor")
+        if one.topology_group is None or other.topology_group is None:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if one.topology_group == other.topology_group:
+            return pynvml.NVML_TOPOLOGY_SINGLE
+        return pynvml.NVML_TOPOLOGY_NODE
+
     def nvmlDeviceGetMemoryInfo(self, handle: _Handle) -> SimpleNamespace:  # noqa: N802
         gpu = self._enter(handle, "nvmlDeviceGetMemoryInfo")
         if handle.mig:

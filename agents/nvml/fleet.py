@@ -45,6 +45,7 @@ KNOWN_FAULT_CALLS = {
     "process_utilization": "nvmlDeviceGetProcessUtilization",
     "running_processes": "nvmlDeviceGetComputeRunningProcesses",
     "mig_mode": "nvmlDeviceGetMigMode",
+    "topology": "nvmlDeviceGetTopologyCommonAncestor",
 }
 
 
@@ -78,6 +79,8 @@ class FakeGpu:
     temperature_c: int
     power_w: float
     mig: tuple[FakeMig, ...] = ()
+    # GPUs with the same group share an NVLink domain or PCIe switch; None: NVML reports no topology.
+    topology_group: str | None = None
     lost_from_start: bool = False
     lost_after_calls: int | None = None
     not_supported: frozenset[str] = frozenset()
@@ -226,6 +229,7 @@ _GPU_KEYS = {
     "faults",
     "process_sm_util_percent",
     "process_memory_mib",
+    "topology_group",
 }
 
 
@@ -327,6 +331,7 @@ def _gpu_from_entry(entry: _LineDict, node: str, index: int) -> FakeGpu:
         temperature_c=_get(entry, "temperature_c", int, 40, minimum=0, maximum=120),
         power_w=float(_get(entry, "power_w", (int, float), 60.0, minimum=0, maximum=2000)),
         mig=mig,
+        topology_group=_get(entry, "topology_group", str),
         lost_from_start=_get(faults, "lost", bool, False),
         lost_after_calls=_get(faults, "lost_after_calls", (int, type(None)), None, minimum=0),
         not_supported=frozenset(calls),

@@ -99,11 +99,37 @@ class GpuReader:
                         gpu[key] = value
             gpus.append(gpu)
             self._handles.append((gpu, handle, migs))
+        self._topology_groups(gpus)
         return {
             "driver_version": _text(driver),
             "cuda_version": f"{cuda // 1000}.{cuda % 1000 // 10}" if isinstance(cuda, int) else None,
             "gpus": gpus,
         }
+
+    def _topology_groups(self, gpus: list[dict]) -> None:
+        """Set each GPU's ``topology_group``: GPUs whose common ancestor is at most a tree of PCIe
+        switches (``NVML_TOPOLOGY_MULTIPLE``) are one group, named ``topo-<lowest index>``; None for
+        every GPU when NVML cannot tell (an older driver, a single GPU)."""
+        handles = [(gpu, handle) for gpu, handle, _migs in self._handles if handle is not None]
+        group = {gpu["index"]: gpu["index"] for gpu, _handle in handles}
+        known = False
+        for i, (one, first) in enumerate(handles):
+            for other, second in handles[i + 1 :]:
+                try:
+                    level = self._call("nvmlDeviceGetTopologyCommonAncestor", first, second)
+                except _GpuLost:
+                    level = None
+                if level is None:
+                    continue
+                known = True
+                if level <= self.nvml.NVML_TOPOLOGY_MULTIPLE:
+                    joined = (group[one["index"]], group[other["index"]])
+                    for index, at in group.items():
+                        if at in joined:
+                            group[index] = min(joined)
+        for gpu in gpus:
+            at = group.get(gpu["index"])
+            gpu["topology_group"] = f"topo-{at}" if known and at is not None else None
 
     def _discover_migs(self, handle: Any) -> list[tuple[dict, Any]]:
         found = []

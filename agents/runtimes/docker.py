@@ -95,7 +95,9 @@ def container_spec(
     device_requests = []
     if plan.device_uuid is not None:
         device_requests.append(
-            docker.types.DeviceRequest(device_ids=[plan.device_uuid], capabilities=[["gpu"]])
+            docker.types.DeviceRequest(
+                device_ids=list(plan.device_uuids or (plan.device_uuid,)), capabilities=[["gpu"]]
+            )
         )
     return {
         "image": spec.environment.image or default_image,

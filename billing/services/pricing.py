@@ -1,7 +1,8 @@
 """Prices and card burn rates: what an hour of a profile on a GPU model costs, in money and card-hours.
 
 A slice without its own price costs its fraction of the whole card (``1/2``, ``1/4``, ``1/8``; a MIG
-profile ``Ng.XXgb`` is N/7 of the card), and burns cards by the same fraction. Prices are versioned by
+profile ``Ng.XXgb`` is N/7 of the card), and burns cards by the same fraction; ``2x``, ``4x``, ``8x`` (that
+many whole cards of one node) cost and burn that many times the whole card. Prices are versioned by
 ``effective_from``; a session keeps the quote it launched with (stored on its meter).
 
 Two tiers: ``on_demand`` and ``interruptible`` (a lower price an admin sets beside the on-demand one;
@@ -32,6 +33,7 @@ INTERRUPTIBLE = "interruptible"
 TIERS = (ON_DEMAND, INTERRUPTIBLE)
 _SLICES = {"whole": Fraction(1), "1/2": Fraction(1, 2), "1/4": Fraction(1, 4), "1/8": Fraction(1, 8)}
 _MIG = re.compile(r"^([1-7])g\.\d+gb$")
+_GPUS = re.compile(r"^([248])x$")
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,9 @@ def profile_fraction(profile: str) -> Fraction:
     match = _MIG.match(profile)
     if match:
         return Fraction(int(match.group(1)), 7)
+    match = _GPUS.match(profile)
+    if match:
+        return Fraction(int(match.group(1)))
     raise NotFound(_("Unknown profile %(profile)s.") % {"profile": repr(profile)})
 
 

@@ -8,6 +8,7 @@ before anything is written, so a refused heartbeat leaves no trace.
 from __future__ import annotations
 
 import math
+import re
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -70,6 +71,9 @@ ENFORCED_BY = {
 }
 
 
+MAX_GPUS_PER_SESSION = 16
+
+
 def enforcement_clean(value) -> dict | None:
     """A workload's ``enforcement`` report as stored on its session, or None when the agent sent none
     or sent garbage (the page then says nothing is known to be enforced)."""
@@ -83,7 +87,25 @@ def enforcement_clean(value) -> dict | None:
         if part.get("by") not in ENFORCED_BY:
             return None
         cleaned[key] = {"enforced": part["enforced"], "by": part["by"]}
+    per_device = value.get("per_device")
+    if isinstance(per_device, dict) and 0 < len(per_device) <= MAX_GPUS_PER_SESSION:
+        devices = {
+            u: enforcement_clean({k: part.get(k) for k in ("device", "memory", "compute")})
+            for u, part in per_device.items()
+            if _str(u) and len(u) <= 100 and isinstance(part, dict)
+        }
+        if len(devices) == len(per_device) and all(devices.values()):  # a multi-GPU session: each GPU
+            cleaned["per_device"] = devices
     return cleaned
+
+
+_TOPOLOGY_GROUP = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+
+
+def topology_group_clean(value) -> str:
+    """A GPU's topology group as reported (a short name), or blank when absent or garbage: the GPU is
+    then placed as if its node were one group."""
+    return value if isinstance(value, str) and _TOPOLOGY_GROUP.fullmatch(value) else ""
 
 
 def _count(value) -> int | None:
@@ -327,6 +349,7 @@ def _record_inventory(
             nvml_name=gpu["name"][:100],
             gpu_model_id=model_id,
             pci_bus_id=str(gpu.get("pci_bus_id") or "")[:32],
+            topology_group=topology_group_clean(gpu.get("topology_group")),
             memory_mib=gpu["memory_total_mib"],
             mig_mode=bool(gpu.get("mig_mode")),
             health=gpu.get("health", "ok"),

@@ -12,7 +12,7 @@ from django.utils.translation import gettext_lazy
 from billing.audit import audit_record
 from core.errors import Conflict, NotFound, ValidationFailed
 from provisioner.messages import message
-from provisioner.models import Allocation, Device, Node, Session
+from provisioner.models import Allocation, AllocationSlot, Device, Node, Session
 from provisioner.sealing import new_token, seal, token_hash, unseal
 from provisioner.services.sessions import session_stop
 
@@ -161,10 +161,12 @@ def device_set_sharing_policy(*, device_id: int, sharing_policy: str, actor=None
 
 
 def device_force_free(*, device_id: int, actor=None, reason: str = "") -> int:
-    """Free the allocations of ended (lost, failed, stopped) sessions on a device, for an admin who knows
-    the workloads are gone. Returns how many were freed; never touches a live session's slots."""
+    """Free the allocations of ended (lost, failed, stopped) sessions on a device (a multi-GPU session's:
+    on all of its GPUs), for an admin who knows the workloads are gone. Returns how many were freed; never
+    touches a live session's slots."""
     with transaction.atomic():
-        freed = Allocation.objects.filter(device_id=device_id, session__state__in=Session.ENDED)
+        on_device = AllocationSlot.objects.filter(device_id=device_id).values("allocation_id")
+        freed = Allocation.objects.filter(id__in=on_device, session__state__in=Session.ENDED)
         ids = list(freed.values_list("session_id", flat=True))
         count, _by_model = freed.delete()
         if ids:

@@ -46,7 +46,15 @@ from provisioner.models import (
     SessionEvent,
     StopWarning,
 )
-from provisioner.placement import allocation_free, allocation_place, cpu_node_pick, free_index
+from provisioner.placement import (
+    allocation_free,
+    allocation_place,
+    cpu_node_pick,
+    free_index,
+    node_gpus_most,
+    nodes_reserved,
+    reserve_node_pick,
+)
 from provisioner.quotas import quota_admit, quota_subjects
 from provisioner.sealing import new_token, seal
 from provisioner.selectors import queue_order, queue_served
@@ -140,6 +148,12 @@ def _catalog(
         raise ValidationFailed(
             _("%(gpu_model)s is not offered as %(profile)s.") % {"gpu_model": model.name, "profile": profile},
             fields={"profile": f"not offered on {model.name}"},
+        )
+    if profile_obj.gpu_count > 1 and profile_obj.gpu_count > node_gpus_most(gpu_model=model):
+        raise ValidationFailed(
+            _("No node has %(count)s %(gpu_model)s GPUs.")
+            % {"count": profile_obj.gpu_count, "gpu_model": model.name},
+            fields={"profile": f"no node has {profile_obj.gpu_count} GPUs of {model.name}"},
         )
     return model, profile_obj, env
 
@@ -259,6 +273,7 @@ def session_launch(
             resume=resume,
         )
         if placed:
+            _devices_record(session.id, placed["device_ids"])
             enqueue.session_start(session.id)
         elif _on_demand_unprovided_first(session):
             preemption_claim(claimer=session)
@@ -404,15 +419,22 @@ def _launched_session_create(
 
 
 def _placement(session_id, *, model: GpuModel | None, profile: Profile, candidates=None) -> dict | None:
-    """Take room for a session inside the caller's transaction: the session fields that record where it
-    runs and the reason to show, or None when nothing fits now. ``candidates``: a ``free_index`` read
-    before the transaction."""
+    """Take room for a session inside the caller's transaction, off the nodes that waiting multi-GPU
+    sessions reserved for themselves: the session fields that record where it runs, the reason to show
+    and its devices when it has several (``device_ids``), or None when nothing fits now.
+    ``candidates``: a ``free_index`` read before the transaction."""
     if model is None:
         node = cpu_node_pick()
         if node is None:
             return None
-        return {"fields": {"node": node}, "reason": message("placed_on", node=node.name)}
-    placed = allocation_place(session_id=session_id, gpu_model=model, profile=profile, index=candidates)
+        return {"fields": {"node": node}, "reason": message("placed_on", node=node.name), "device_ids": ()}
+    placed = allocation_place(
+        session_id=session_id,
+        gpu_model=model,
+        profile=profile,
+        index=candidates,
+        excluded_nodes=nodes_reserved(gpu_model=model, besides=session_id),
+    )
     if placed is None:
         return None
     policy = (
@@ -427,7 +449,17 @@ def _placement(session_id, *, model: GpuModel | None, profile: Profile, candidat
         "slot_count": placed.slot_count,
         "sharing_policy": policy,
     }
-    return {"fields": fields, "reason": message("placed_on", node=placed.where.node_name)}
+    return {
+        "fields": fields,
+        "reason": message("placed_on", node=placed.where.node_name),
+        "device_ids": placed.device_ids,
+    }
+
+
+def _devices_record(session_id, device_ids) -> None:
+    """Record every device of a multi-GPU session (``Session.devices``); nothing for one device."""
+    through = Session.devices.through
+    through.objects.bulk_create([through(session_id=session_id, device_id=d) for d in device_ids])
 
 
 def _place(session: Session, *, model: GpuModel | None, profile: Profile) -> bool:
@@ -439,14 +471,18 @@ def _place(session: Session, *, model: GpuModel | None, profile: Profile) -> boo
     placed = _placement(session.id, model=model, profile=profile, candidates=candidates)
     if placed is None:
         return False
-    if (
-        _transition(
-            session.id, from_states=[S.QUEUED], to=S.PLACING, reason=placed["reason"], **placed["fields"]
-        )
-        is None
-    ):
+    moved = _transition(
+        session.id,
+        from_states=[S.QUEUED],
+        to=S.PLACING,
+        reason=placed["reason"],
+        reserved_node=None,
+        **placed["fields"],
+    )
+    if moved is None:
         allocation_free(session_id=session.id)  # stopped or cancelled meanwhile: give the slots back
         return False
+    _devices_record(session.id, placed["device_ids"])
     preemption_release(claimer_id=session.id)
     enqueue.session_start(session.id)
     return True
@@ -636,11 +672,18 @@ def session_start_failed(*, session_id, reason: Message | str) -> bool:
 
 def queue_dispatch(*, now: datetime | None = None) -> int:
     """Place waiting sessions while capacity allows; fail those that waited longer than their longest
-    wait. Per GPU model, strict queue order: the first that does not fit blocks the ones behind it of
-    that model (no starvation of large requests); an interruptible one blocks only interruptible ones,
-    and an on-demand one that does not fit preempts (``_blocked_by``); a session whose preempted
-    victims have all ended takes their held slots whatever blocks. One short transaction per session
-    (account, user, devices locks, as in launch). Returns how many were placed."""
+    wait. Per GPU model and tier, in queue order, by the rule of docs/PLACEMENT.md (the queue):
+
+    - a one-device request that does not fit blocks the ones behind it of that model (none passes it);
+      an interruptible one blocks only interruptible ones, and an on-demand one that does not fit
+      preempts (``_blocked_by``); a session whose preempted victims have all ended takes their held
+      slots whatever blocks;
+    - a multi-GPU request that does not fit lets the ones behind it pass, until it has waited
+      ``QUEUE_LARGE_RESERVE_SECONDS``: then it reserves the node it fits best on (``reserve_node_pick``),
+      and no other session of its model is placed there until it is.
+
+    One short transaction per session (account, user, devices locks, as in launch). Returns how many
+    were placed."""
     now = now or timezone.now()
     held_slots_free()  # slots preempted sessions hold for sessions that no longer wait
     waiting = list(Session.objects.filter(state=S.QUEUED).select_related("gpu_model", "profile", "account"))
@@ -661,23 +704,15 @@ def queue_dispatch(*, now: datetime | None = None) -> int:
         if key in blocked and session.id not in ready:  # slots held for it are no one else's
             continue
         try:
-            with transaction.atomic():
-                _admission_lock(account_id=session.account_id, user_id=session.owner_id)
-                if not Session.objects.filter(id=session.id, state=S.QUEUED).exists():
-                    continue
-                quote = PriceQuote(
-                    session.price_id, session.price_micros_per_hour, session.card_burn_micros_per_hour
-                )
-                account_can_launch(
-                    account=session.account,
-                    quote=quote,
-                    gpu_model=session.gpu_model.name if session.gpu_model else "",
-                )
-                if _place(session, model=session.gpu_model, profile=session.profile):
-                    placed += 1
-                    session_owner_notify(session.id, kind="session_placed", key="session_placed")
-                else:
-                    blocked |= _blocked_by(session)
+            outcome = _dispatch_one(session)
+            if outcome is None:
+                continue
+            if outcome:
+                placed += 1
+            elif session.profile.gpu_count > 1:
+                _queue_reserve(session, now=now)
+            else:
+                blocked |= _blocked_by(session)
         except ApplicationError as exc:
             session_end(session_id=session.id, to=S.FAILED, from_states=[S.QUEUED], reason=exc.message)
         except IntegrityError:
@@ -695,6 +730,47 @@ def _blocked_by(session: Session) -> set:
     if session.tier == Session.Tier.INTERRUPTIBLE or preemption_claim(claimer=session):
         return interruptible
     return interruptible | {(session.gpu_model_id, Session.Tier.ON_DEMAND)}
+
+
+def _dispatch_one(session: Session) -> bool | None:
+    """Admit and place one queued session in its own transaction: True when it was placed, False when
+    nothing fits, None when it left the queue meanwhile."""
+    with transaction.atomic():
+        _admission_lock(account_id=session.account_id, user_id=session.owner_id)
+        if not Session.objects.filter(id=session.id, state=S.QUEUED).exists():
+            return None
+        quote = PriceQuote(session.price_id, session.price_micros_per_hour, session.card_burn_micros_per_hour)
+        account_can_launch(
+            account=session.account,
+            quote=quote,
+            gpu_model=session.gpu_model.name if session.gpu_model else "",
+        )
+        if not _place(session, model=session.gpu_model, profile=session.profile):
+            return False
+        session_owner_notify(session.id, kind="session_placed", key="session_placed")
+    return True
+
+
+def _queue_reserve(session: Session, *, now: datetime) -> None:
+    """A multi-GPU session that waited ``QUEUE_LARGE_RESERVE_SECONDS`` and holds no node yet reserves
+    the node it fits best on (one no other waiting session holds). A conditional update: a session that
+    left the queue meanwhile reserves nothing."""
+    waited = now - (session.queued_at or session.created_at)
+    if session.reserved_node_id or waited < timedelta(seconds=settings.QUEUE_LARGE_RESERVE_SECONDS):
+        return
+    node_id = reserve_node_pick(
+        gpu_model=session.gpu_model,
+        gpu_count=session.profile.gpu_count,
+        taken=nodes_reserved(gpu_model=session.gpu_model, besides=session.id),
+    )
+    if node_id is None:
+        return
+    with transaction.atomic():
+        if Session.objects.filter(id=session.id, state=S.QUEUED, reserved_node__isnull=True).update(
+            reserved_node_id=node_id
+        ):
+            node = Node.objects.only("name").get(id=node_id)
+            session_event(session_id=session.id, kind="queue", line=message("reserved_node", node=node.name))
 
 
 def node_sessions_lost(*, node: Node, reason: Message | str) -> int:

@@ -129,7 +129,7 @@ def test_invalid_slot_ranges_are_refused(profile, start, count, policy):
 @settings(max_examples=200, deadline=None)
 @given(valid_slice(), valid_slice())
 def test_one_policy_per_gpu_and_no_shared_slot(first, second):
-    served = gpu_plan(first, inventory(), tools=TOOLS, session_id="a").share("a")
+    served = gpu_plan(first, inventory(), tools=TOOLS, session_id="a").shares("a")[0]
     overlap = (
         first.slot_start < second.slot_start + second.slot_count
         and second.slot_start < first.slot_start + first.slot_count
@@ -246,3 +246,73 @@ def test_device_nodes_name_the_gpu_its_minor_and_a_mig_devices_capabilities(tmp_
         "nvidia-caps/nvidia-cap21",
         "nvidia-caps/nvidia-cap22",
     )
+
+
+# --- multi-GPU plans: N whole GPUs of the node ---------------------------------------------------------
+
+
+def _board(gpus: int = 4) -> dict:
+    """A node of ``gpus`` plain GPUs, as the reader reports them."""
+    return {
+        "gpus": [
+            {
+                "index": i,
+                "uuid": f"GPU-{i:08d}-0000",
+                "memory_total_mib": 81920,
+                "mig_mode": False,
+                "health": "ok",
+            }
+            for i in range(gpus)
+        ]
+    }
+
+
+def _multi(profile: str, uuids: list[str]) -> Allocation:
+    return Allocation(uuids[0], profile, 0, 8, "exclusive", tuple(uuids))
+
+
+def test_a_multi_gpu_plan_sees_every_gpu_and_only_them():
+    uuids = [f"GPU-{i:08d}-0000" for i in (1, 2)]
+    plan = gpu_plan(_multi("2x", uuids), _board(), tools=TOOLS, session_id="s")
+    assert plan.env["CUDA_VISIBLE_DEVICES"] == plan.env["NVIDIA_VISIBLE_DEVICES"] == ",".join(uuids)
+    assert [n for n in plan.device_nodes if n.startswith("nvidia") and n[6:].isdigit()] == [
+        "nvidia1",
+        "nvidia2",
+    ]
+    assert [s.gpu_uuid for s in plan.shares("s")] == uuids
+    report = enforcement(plan, device_isolated=True, preload_pinned=False)
+    assert set(report["per_device"]) == set(uuids)
+    assert report["per_device"][uuids[1]]["device"] == {"enforced": True, "by": "device-nodes"}
+    assert GpuPlan.from_json(plan.to_json()) == plan
+
+
+@pytest.mark.parametrize(
+    ("allocation", "field"),
+    [
+        (_multi("2x", ["GPU-00000001-0000"]), "allocation.device_uuids"),  # one GPU short
+        (_multi("2x", ["GPU-00000001-0000", "GPU-00000001-0000"]), "allocation.device_uuids"),  # twice
+        (_multi("2x", ["GPU-00000001-0000", "GPU-99999999-0000"]), "allocation.device_uuids"),  # not here
+        (
+            Allocation(
+                "GPU-00000000-0000", "2x", 0, 8, "fixed-share", ("GPU-00000000-0000", "GPU-00000001-0000")
+            ),
+            "allocation.sharing_policy",
+        ),
+    ],
+)
+def test_a_multi_gpu_plan_refuses_a_wrong_list_or_policy(allocation, field):
+    with pytest.raises(PlanError) as refused:
+        gpu_plan(allocation, _board(), tools=TOOLS)
+    assert field in refused.value.fields
+
+
+def test_a_multi_gpu_plan_refuses_a_gpu_another_workload_holds():
+    board = _board()
+    slice_of_one = Allocation("GPU-00000001-0000", "1/8", 0, 1, "best-effort")
+    held = gpu_plan(slice_of_one, board, tools=TOOLS, session_id="other").shares("other")
+    with pytest.raises(PlanError) as refused:
+        gpu_plan(
+            _multi("2x", ["GPU-00000000-0000", "GPU-00000001-0000"]), board, running=held, session_id="s"
+        )
+    assert refused.value.code == "gpu_busy"
+    gpu_plan(_multi("2x", ["GPU-00000002-0000", "GPU-00000003-0000"]), board, running=held, session_id="s")

@@ -155,3 +155,10 @@ def test_simulated_processes_are_found_by_their_cuda_visible_devices(tmp_path):
     finally:
         child.kill()
         child.wait()
+
+
+def test_topology_groups_join_gpus_under_one_switch_and_stay_unknown_where_nvml_cannot_tell():
+    reader, _ = _reader((FLEETS / "node-c.yaml").read_text())
+    assert [g["topology_group"] for g in reader.inventory()["gpus"]] == ["topo-0"] * 4 + ["topo-4"] * 4
+    reader, _ = _reader((FLEETS / "ci-small.yaml").read_text())
+    assert {g["topology_group"] for g in reader.inventory()["gpus"]} == {None}

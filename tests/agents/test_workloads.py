@@ -21,7 +21,7 @@ from agents.gpuplan import GpuPlan, HostGpuTools, PlanError
 from agents.nvml import GpuReader, nvml_source
 from agents.runtimes import Runtime, RuntimeHandle, RuntimeOptions, RuntimeStartError, runtime_class
 from agents.server import make_server
-from agents.spec import WorkloadSpec, parse_spec
+from agents.spec import SpecError, WorkloadSpec, parse_spec
 from agents.workloads import WorkloadConflict, WorkloadRefused, Workloads, WorkloadStopping
 from tests.agents.conftest import CI_FLEET, NODE_TOKEN, workload_spec
 
@@ -248,3 +248,26 @@ def test_the_api_answers_while_a_put_waits_for_its_start(workloads, gpu):
     api.close()
     server.shutdown()
     server.server_close()
+
+
+def test_a_multi_gpu_spec_lists_its_gpus_and_a_one_gpu_spec_reads_as_before():
+    one = workload_spec("one", _allocation("GPU-00000000-0000", 0))
+    assert parse_spec(one).to_json() == one  # no device_uuids: the fingerprint agents recorded before
+    uuids = ["GPU-00000000-0000", "GPU-00000001-0000"]
+    two = workload_spec(
+        "two",
+        {
+            "device_uuid": uuids[0],
+            "profile": "2x",
+            "slot_start": 0,
+            "slot_count": 8,
+            "sharing_policy": "exclusive",
+        }
+        | {"device_uuids": uuids},
+    )
+    assert parse_spec(two).allocation.devices == tuple(uuids)
+    assert parse_spec(two).to_json() == two
+    two["allocation"]["device_uuids"] = "GPU-00000000-0000"
+    with pytest.raises(SpecError) as refused:
+        parse_spec(two)
+    assert "allocation.device_uuids" in refused.value.fields

@@ -321,3 +321,34 @@ def test_the_dashboard_takes_as_many_queries_for_eleven_sessions_as_for_two(
     with django_assert_max_num_queries(most):
         page = client.get("/dashboard/").content.decode()
     assert page.count("/lab/tree/Welcome.ipynb") == 2 and page.count('class="badge queued"') == 9
+
+
+def test_a_2x_is_offered_where_a_node_has_two_gpus_priced_twice_and_its_page_lists_both(
+    fleet, django_capture_on_commit_callbacks
+):
+    GpuModel.objects.filter(name="T4").update(profiles=["whole", "2x", "4x", "1/2"])
+    Profile.objects.get_or_create(
+        name="2x", defaults={"kind": "whole", "eighths": 8, "quota_eighths": 16, "gpu_count": 2}
+    )
+    Profile.objects.get_or_create(
+        name="4x", defaults={"kind": "whole", "eighths": 8, "quota_eighths": 32, "gpu_count": 4}
+    )
+    user, client = _user("ada", funded=40_000_000)
+    page = client.get("/launch/?gpu_model=T4").content.decode()
+    assert 'value="2x"' not in page  # one T4 on the node: no 2x yet
+    Device.objects.create(
+        node=fleet.node, uuid="GPU-t4-1", index=1, gpu_model=fleet.gpu_model, memory_mib=15360
+    )
+    page = client.get("/launch/?gpu_model=T4&profile=2x").content.decode()
+    assert 'value="2x"' in page and 'value="4x"' not in page
+    assert "2 whole GPUs on one node" in page and "4.00" in page  # 2 × 2.00/h
+    assert 'data-testid="multi-gpu"' in page
+    with django_capture_on_commit_callbacks(execute=False):
+        response = client.post(
+            "/launch/",
+            {"gpu_model": "T4", "profile": "2x", "environment": "python-3.11", "idempotency_key": "k"},
+        )
+    session = Session.objects.get(owner=user)
+    assert response.status_code == 302 and session.state == Session.State.PLACING
+    page = client.get(response["Location"]).content.decode()
+    assert 'data-testid="devices"' in page and "GPU-t4-0" in page and "GPU-t4-1" in page

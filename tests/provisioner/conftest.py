@@ -38,17 +38,18 @@ _counter = itertools.count()
 def make_catalog() -> None:
     """GPU models named as the fake fleets name their cards, one environment, prices and burn rates.
     Puts back the profiles the migration seeds (a transactional test flushes them)."""
-    from provisioner.demo import PROFILES
+    from provisioner.demo import PROFILES, multi_gpu_profiles_ensure
 
     for name, kind, eighths, quota in PROFILES:
         Profile.objects.get_or_create(
             name=name, defaults={"kind": kind, "eighths": eighths, "quota_eighths": quota}
         )
+    multi_gpu_profiles_ensure()
     GpuModel.objects.create(
         name=A100,
         memory_mib=81920,
         peak_tflops=312,
-        profiles=["whole", "1/2", "1/4", "1/8"],
+        profiles=["whole", "2x", "4x", "1/2", "1/4", "1/8"],
         nvml_names=["NVIDIA A100-SXM4-80GB"],
     )
     GpuModel.objects.create(

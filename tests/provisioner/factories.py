@@ -15,6 +15,7 @@ from billing.models import Account
 from billing.services.pricing import price_set
 from billing.services.topups import wallet_credit_promotion
 from portal.models import Membership, Team
+from provisioner.demo import multi_gpu_profiles_ensure
 from provisioner.models import AllocationSlot, Device, Environment, GpuModel, Node, Profile, Session
 from provisioner.sealing import new_token, seal, token_hash
 
@@ -33,7 +34,7 @@ STANDARD_PROFILES = [
     ("3g.40gb", "mig", 8, 3),
     ("7g.80gb", "mig", 8, 8),
 ]
-A100_PROFILES = ["whole", "1/2", "1/4", "1/8", "1g.10gb", "2g.20gb", "3g.40gb"]
+A100_PROFILES = ["whole", "2x", "4x", "8x", "1/2", "1/4", "1/8", "1g.10gb", "2g.20gb", "3g.40gb"]
 
 _ids = itertools.count(1)
 
@@ -43,6 +44,7 @@ def profiles_ensure() -> dict[str, Profile]:
         Profile.objects.get_or_create(
             name=name, defaults={"kind": kind, "eighths": eighths, "quota_eighths": quota_eighths}
         )
+    multi_gpu_profiles_ensure()
     return {p.name: p for p in Profile.objects.all()}
 
 

@@ -95,6 +95,34 @@ def test_catalog_lists_models_profiles_prices_and_what_fits_now(fleet):
     assert body["currency"]
 
 
+def test_the_catalog_offers_a_gpu_count_only_where_a_node_has_that_many(fleet):
+    a100 = {
+        p["profile"]: p
+        for m in client_for(make_user()).get("/api/v1/catalog").json()["gpu_models"]
+        if m["name"] == A100
+        for p in m["profiles"]
+    }
+    assert "4x" not in a100  # the model lists it, but node-a has two A100s
+    assert a100["2x"]["gpu_count"] == 2 and a100["2x"]["available"] == 1
+    assert a100["2x"]["price"]["price_micros_per_hour"] == 2 * a100["whole"]["price"]["price_micros_per_hour"]
+    assert (
+        a100["2x"]["price"]["card_burn_micros_per_hour"]
+        == 2 * a100["whole"]["price"]["card_burn_micros_per_hour"]
+    )
+
+
+def test_a_2x_launch_holds_both_gpus_lists_them_and_counts_16_eighths(fleet, sent_tasks):
+    user = make_user()
+    client = client_for(user)
+    response = launch(client, profile="2x")
+    assert response.status_code == 201, response.content
+    body = client.get(f"/api/v1/sessions/{response.json()['id']}").json()
+    assert body["profile"] == "2x" and body["price"]["price_micros_per_hour"] == 24_000_000
+    assert sorted(d["uuid"] for d in body["limits"]["devices"]) == ["GPU-a-0", "GPU-a-1"]
+    assert client.get("/api/v1/quota").json()["user"]["usage"]["eighths"] == 16
+    assert_error(launch(client, profile="4x"), 400, "profile")  # no node has four
+
+
 def test_the_api_needs_a_login():
     for path in ("/api/v1/catalog", "/api/v1/sessions", "/api/v1/quota", f"/api/v1/sessions/{uuid.uuid4()}"):
         response = APIClient().get(path)

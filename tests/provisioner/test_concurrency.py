@@ -33,6 +33,7 @@ from tests.provisioner.factories import (
 pytestmark = pytest.mark.django_db(transaction=True)
 DEADLINE_SECONDS = 120
 SIZES = {"whole": 8, "1/2": 4, "1/4": 2, "1/8": 1}
+GPUS = {"2x": 2, "4x": 4}
 
 
 def _connect() -> None:
@@ -79,14 +80,16 @@ def ten_gpus(monkeypatch, settings):
 
 
 def _assert_allocations_consistent() -> None:
-    """Every slot row belongs to the allocation covering it; every allocation to a placed session."""
+    """Every slot row belongs to the allocation covering it (on one of its session's devices); every
+    allocation to a placed session."""
     slots = list(AllocationSlot.objects.values_list("device_id", "slot", "allocation_id"))
     assert len({(d, s) for d, s, _a in slots}) == len(slots)
     allocations = {a.id: a for a in Allocation.objects.select_related("session")}
-    assert sum(a.slot_count for a in allocations.values()) == len(slots)
+    devices = {a.id: [d.id for d in a.session.gpu_devices()] for a in allocations.values()}
+    assert sum(a.slot_count * len(devices[a.id]) for a in allocations.values()) == len(slots)
     for device_id, slot, allocation_id in slots:
         allocation = allocations[allocation_id]
-        assert allocation.device_id == device_id
+        assert device_id in devices[allocation_id]
         assert allocation.slot_start <= slot < allocation.slot_start + allocation.slot_count
     for allocation in allocations.values():
         session = allocation.session
@@ -127,6 +130,33 @@ def test_a_hundred_mixed_launches_queue_only_what_no_free_block_fits(ten_gpus):
     assert queued, "the demand was meant to exceed the 80 eighths"
     for name in queued:
         assert not any(aligned_starts(masks.get(gpu.id, 0), SIZES[name]) for gpu in ten_gpus), name
+
+
+def test_racing_multi_gpu_launches_never_hold_a_slot_twice(ten_gpus, settings):
+    """Fifty launches at once, a third of them 2x or 4x among wholes and slices, on two nodes of five
+    GPUs: no slot held twice, each multi-GPU session on GPUs of one node, all of them whole, and a
+    queued 4x only when no node had four free GPUs."""
+    settings.QUOTA_DEFAULT_MAX_EIGHTHS = 32  # a 4x counts 32 eighths
+    rng = random.Random(11)
+    profiles = rng.choices(["2x", "4x", "whole", "1/2", "1/8"], weights=[3, 2, 2, 2, 3], k=50)
+    users = [user_make() for _ in range(50)]
+    results = _race(50, lambda i: launch(users[i], profile=profiles[i]))
+    assert all(isinstance(r, Session) for r in results), [r for r in results if not isinstance(r, Session)]
+    _assert_allocations_consistent()
+    masks = used_masks()
+    placed = Session.objects.filter(state=Session.State.PLACING).select_related("profile")
+    assert any(s.profile.name in GPUS for s in placed)
+    for session in placed:
+        held = session.gpu_devices()
+        assert len(held) == GPUS.get(session.profile.name, 1)
+        if session.profile.name in GPUS:
+            assert len({d.node_id for d in held}) == 1
+            assert all(masks[d.id] == 0xFF for d in held)
+    eighths = sum(8 * GPUS.get(s.profile.name, 0) or SIZES[s.profile.name] for s in placed)
+    assert eighths == sum(m.bit_count() for m in masks.values())
+    if Session.objects.filter(state=Session.State.QUEUED, profile__name="4x").exists():
+        free = Counter(gpu.node_id for gpu in ten_gpus if masks.get(gpu.id, 0) == 0)
+        assert max(free.values(), default=0) < 4
 
 
 def test_a_quota_of_two_holds_under_fifty_simultaneous_launches(ten_gpus):

@@ -27,7 +27,7 @@ from billing.services.metering import metering_tick
 from conftest import start_celery, subprocess_env
 from core.clock import db_now
 from portal.services import access_token_create
-from provisioner.models import Allocation, Device, Node, Session
+from provisioner.models import Allocation, AllocationSlot, Device, Node, Session
 from provisioner.services.heartbeats import nodes_liveness_sweep
 from provisioner.services.nodes import node_enroll
 from tests.agents.conftest import (
@@ -326,3 +326,23 @@ def test_a_kernel_busy_on_the_cpu_is_never_idle_stopped_and_an_untouched_session
     kept = Session.objects.get(id=busy["id"])
     assert kept.state == "running" and kept.cpu_seconds > 0
     assert (timezone.now() - kept.last_active_at).total_seconds() < IDLE_SECONDS
+
+
+def test_a_2x_session_runs_on_two_gpus_of_one_group_and_frees_both(portal, agents, fleet):
+    """Launched through the API onto node-a's NVLink group of four A100s: the agent runs it with both
+    GPUs visible, the API lists both, and stopping frees every slot of both."""
+    api = api_for(portal, make_user())
+    launched = launch(api, profile="2x")
+    assert launched["node"] == "node-a"
+    running = wait_state(api, launched["id"], ("running", "failed"))
+    assert running["state"] == "running", running
+    uuids = sorted(d["uuid"] for d in running["limits"]["devices"])
+    assert len(uuids) == 2
+    assert Device.objects.filter(uuid__in=uuids).values("topology_group").distinct().count() == 1
+    (workload,) = agents.workloads("node-a")
+    assert sorted(workload["gpu_plan"]["env"]["CUDA_VISIBLE_DEVICES"].split(",")) == uuids
+    api.post(f"/api/v1/sessions/{launched['id']}/stop")
+    wait_state(api, launched["id"], ("stopped",), 30)
+    wait_for(
+        lambda: not AllocationSlot.objects.filter(device__uuid__in=uuids).exists(), 10, 0.2, "slots freed"
+    )

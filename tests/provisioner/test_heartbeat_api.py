@@ -384,3 +384,37 @@ def test_what_the_agent_reports_enforced_is_kept_and_garbage_is_not(enrolled, re
     assert answer.status_code == 200
     session.refresh_from_db()
     assert session.state == "running" and session.enforcement == stored
+
+
+def test_topology_groups_are_stored_garbage_is_blank_and_a_2x_spec_lists_one_groups_gpus(enrolled):
+    node, token = enrolled
+    gpus = [
+        gpu(0, "GPU-a-0", topology_group="topo-0"),
+        gpu(1, "GPU-a-1", topology_group={"not": "a name"}),  # garbage: as if unknown, never a 500
+        gpu(2, "GPU-a-2", topology_group="topo-2"),
+        gpu(3, "GPU-a-3", topology_group="topo-2"),
+    ]
+    assert post(token, heartbeat_body(gpus)).status_code == 200
+    stored = dict(Device.objects.filter(node=node).values_list("uuid", "topology_group"))
+    assert stored == {"GPU-a-0": "topo-0", "GPU-a-1": "", "GPU-a-2": "topo-2", "GPU-a-3": "topo-2"}
+    user = make_user()
+    session = session_launch(
+        user=user, account=user.account, gpu_model=A100, profile="2x", environment=ENV, max_hours=1,
+        idle_minutes=30, idempotency_key=None,
+    ).session  # fmt: skip
+    (spec,) = post(token, heartbeat_body(gpus)).json()["desired_workloads"]
+    assert spec["allocation"]["profile"] == "2x"
+    assert spec["allocation"]["device_uuids"] == ["GPU-a-2", "GPU-a-3"]
+    assert spec["allocation"]["device_uuid"] == "GPU-a-2"
+    whole = {"enforced": True, "by": "whole-device"}
+    report = {"device": {"enforced": True, "by": "device-nodes"}, "memory": whole, "compute": whole}
+    per_device = {"GPU-a-2": report, "GPU-a-3": report}
+    post(
+        token,
+        heartbeat_body(gpus, [workload_status(session, enforcement={**report, "per_device": per_device})]),
+    )
+    session.refresh_from_db()
+    assert session.enforcement == {**report, "per_device": per_device}
+    post(token, heartbeat_body(gpus, [workload_status(session, enforcement={**report, "per_device": [1]})]))
+    session.refresh_from_db()
+    assert session.enforcement == report  # a garbled per-device report is dropped, the rest kept

@@ -17,6 +17,7 @@ from provisioner.services.heartbeats import nodes_liveness_sweep
 from provisioner.services.limits import sessions_enforce_limits
 from provisioner.services.sessions import (
     queue_dispatch,
+    session_end,
     session_launch,
     session_mark_running,
     session_stop,
@@ -275,3 +276,63 @@ def test_runway_low_tells_the_payer_and_warns_the_session_owners(
     assert "Lab" in low[0].text and "minutes" in low[0].text
     (warned,) = Notice.objects.filter(kind="stop_warning")  # the owner: their session stops
     assert warned.user_id == student.id and "Funds are running out" in warned.text
+
+
+# --- the queue's rule for multi-GPU requests ------------------------------------------------------------
+
+
+@pytest.fixture
+def two_nodes(catalog):
+    """node-a with two A100s (room for a 2x), node-b with one."""
+    node_a, _token = make_node("node-a", [gpu(0, "GPU-a-0"), gpu(1, "GPU-a-1")])
+    node_b, _token = make_node("node-b", [gpu(0, "GPU-b-0")])
+    return node_a, node_b
+
+
+def _end(session: Session) -> None:
+    session_end(session_id=session.id, to="stopped", reason="done")
+
+
+def _waiting_2x_behind_a_full_fleet(two_nodes) -> tuple[Session, Session, dict]:
+    """Three wholes fill both nodes; then a 2x and a whole wait, in that order; one whole on each node
+    ends, so node-a has one free GPU (not enough for the 2x) and node-b one."""
+    node_a, _node_b = two_nodes
+    wholes = [launch() for _ in range(3)]
+    assert {w.state for w in wholes} == {"placing"}
+    large = launch(profile="2x")
+    small = launch()
+    assert (large.state, small.state) == ("queued", "queued")
+    on_a = [w for w in wholes if w.node_id == node_a.id]
+    _end(on_a[0])
+    _end(next(w for w in wholes if w.node_id != node_a.id))
+    return large, small, {"node_a": on_a[1]}
+
+
+def test_a_small_request_passes_a_multi_gpu_one_that_does_not_fit(two_nodes, sent_tasks, settings):
+    settings.QUEUE_LARGE_RESERVE_SECONDS = 600
+    large, small, _held = _waiting_2x_behind_a_full_fleet(two_nodes)
+    assert queue_dispatch() == 1
+    large.refresh_from_db()
+    small.refresh_from_db()
+    assert (large.state, small.state) == ("queued", "placing")  # the whole went by the 2x
+    assert large.reserved_node is None
+    assert launch().state == "placing"  # nothing is held for the 2x yet: the last free GPU goes too
+
+
+def test_a_multi_gpu_request_that_waited_reserves_its_node_until_it_fits(two_nodes, sent_tasks, settings):
+    settings.QUEUE_LARGE_RESERVE_SECONDS = 600
+    node_a, node_b = two_nodes
+    large, small, held = _waiting_2x_behind_a_full_fleet(two_nodes)
+    Session.objects.filter(id=large.id).update(queued_at=timezone.now() - timedelta(seconds=601))
+    assert queue_dispatch() == 1
+    large.refresh_from_db()
+    small.refresh_from_db()
+    assert large.state == "queued" and large.reserved_node_id == node_a.id
+    assert small.state == "placing" and small.node_id == node_b.id  # only node-a is held
+    assert SessionEvent.objects.filter(session=large, message_key="reserved_node").exists()
+    assert launch().state == "queued"  # node-a has a free GPU, but it is the 2x's
+    _end(held["node_a"])
+    assert queue_dispatch() == 1
+    large.refresh_from_db()
+    assert large.state == "placing" and large.reserved_node is None
+    assert sorted(d.uuid for d in large.gpu_devices()) == ["GPU-a-0", "GPU-a-1"]

@@ -371,10 +371,10 @@ def test_a_block_taken_since_the_read_is_not_given_again(a100):
     user = user_make()
     profiles_ensure()
     first, second = session_row(user, model=a100), session_row(user, model=a100)
-    request = Request(A100, "slice", 1)
-    assert placement._try_take(first.id, a100, request, Choice(gpu.id, 3, 1), skip_locked=True) is not None
-    assert placement._try_take(second.id, a100, request, Choice(gpu.id, 3, 1), skip_locked=True) is None
-    assert placement._try_take(second.id, a100, request, Choice(gpu.id, 2, 2), skip_locked=True) is None
+    eligible = placement._eligible_devices(a100, Request(A100, "slice", 1))
+    assert placement._try_take(first.id, eligible, Choice(gpu.id, 3, 1), skip_locked=True) is not None
+    assert placement._try_take(second.id, eligible, Choice(gpu.id, 3, 1), skip_locked=True) is None
+    assert placement._try_take(second.id, eligible, Choice(gpu.id, 2, 2), skip_locked=True) is None
     assert not Allocation.objects.filter(session=second).exists()
     assert slot_pairs() == [(gpu.id, 3)]
 
@@ -453,3 +453,179 @@ def test_the_database_places_as_the_in_process_index_decides(monkeypatch, action
         )
         assert sorted(slot_pairs()) == held
         transaction.set_rollback(True)
+
+
+# --- multi-GPU: N whole GPUs of one node ----------------------------------------------------------------
+
+
+def _nodes(*nodes: dict[str, int], used: frozenset[int] = frozenset(), exclusive=frozenset()) -> FreeIndex:
+    """An index of nodes given as {group: GPUs}; device ids count from 1 in order; ``used`` are full."""
+    index, device_id = FreeIndex(), 0
+    for node, groups in enumerate(nodes, start=1):
+        for group, gpus in groups.items():
+            for _ in range(gpus):
+                device_id += 1
+                cls = EXCLUSIVE if device_id in exclusive else SHARED
+                mask = 0xFF if device_id in used else 0
+                index.add(device_id, gpu_model=M, device_class=cls, mask=mask, node=node, group=group)
+    return index
+
+
+def _gpus(n: int) -> Request:
+    return Request(M, "whole", gpu_count=n)
+
+
+def test_n_gpus_go_to_the_group_with_exactly_enough_free():
+    index = _nodes({"a": 4, "b": 4}, {"": 2})  # devices 1-4, 5-8 on node 1; 9-10 on node 2
+    assert index.choose(_gpus(2)).devices == (9, 10)
+    assert index.choose(_gpus(4)).devices in ((1, 2, 3, 4), (5, 6, 7, 8))
+    assert index.choose(_gpus(8)).devices == tuple(range(1, 9))
+
+
+def test_n_gpus_take_the_group_with_the_fewest_spare_before_a_bigger_one():
+    index = _nodes({"a": 4, "b": 3}, used=frozenset({1}))  # group a: 3 free, group b: 3 free
+    index.occupy(Choice(5, 0, 8))  # group b: 2 free
+    assert index.choose(_gpus(2)).devices == (6, 7)
+    assert set(index.choose(_gpus(3)).devices) == {2, 3, 4}
+
+
+def test_n_gpus_across_groups_use_the_fewest_groups():
+    index = _nodes({"a": 4, "b": 2, "c": 2}, used=frozenset({1, 5, 7}))  # free: a 3, b 1, c 1
+    choice = index.choose(_gpus(4))
+    assert set(choice.devices) >= {2, 3, 4} and len(choice.devices) == 4
+
+
+def test_n_gpus_never_span_nodes_and_never_take_a_used_gpu():
+    index = _nodes({"": 2}, {"": 2}, {"": 4}, used=frozenset({5, 6, 7}))
+    assert index.choose(_gpus(4)) is None
+    assert index.choose(_gpus(2)).devices in ((1, 2), (3, 4))
+    assert index.choose(_gpus(8)) is None
+
+
+def test_n_gpus_take_exclusive_gpus_of_a_group_first():
+    index = _nodes({"": 4}, exclusive=frozenset({3, 4}))
+    assert index.choose(_gpus(2)).devices == (3, 4)
+
+
+def test_n_gpus_occupy_and_release_every_device():
+    index = _nodes({"": 4})
+    choice = index.choose(_gpus(4))
+    index.occupy(choice)
+    assert [index.mask(d) for d in range(1, 5)] == [0xFF] * 4
+    assert index.choose(Request(M, "whole")) is None
+    index.release(choice)
+    assert index.choose(_gpus(4)).devices == (1, 2, 3, 4)
+
+
+NODE_SHAPES = st.lists(
+    st.lists(st.integers(1, 4), min_size=1, max_size=3).filter(lambda g: sum(g) <= 8), min_size=1, max_size=4
+)
+MULTI_OPS = st.lists(
+    st.one_of(
+        st.sampled_from([1, 2, 4, 8]).map(lambda n: ("place", n)),
+        st.just(("slice", 2)),
+        st.integers(0, 1000).map(lambda i: ("free", i)),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(shapes=NODE_SHAPES, ops=MULTI_OPS)
+def test_n_gpus_stay_on_one_node_prefer_one_group_and_never_overlap(shapes, ops):
+    index, where, device_id = FreeIndex(), {}, 0
+    for node, groups in enumerate(shapes, start=1):
+        for group, gpus in enumerate(groups):
+            for _ in range(gpus):
+                device_id += 1
+                where[device_id] = (node, str(group))
+                index.add(device_id, gpu_model=M, device_class=SHARED, mask=0, node=node, group=str(group))
+    masks, held = dict.fromkeys(where, 0), []
+    for op, n in ops:
+        if op == "free":
+            if held:
+                choice = held.pop(n % len(held))
+                index.release(choice)
+                for d in choice.devices:
+                    masks[d] &= ~block_mask(choice.slot_start, choice.slot_count)
+            continue
+        request = _gpus(n) if op == "place" else _slice(n)
+        free_whole = [d for d in where if masks[d] == 0]
+        free_in: dict = {}
+        for d in free_whole:
+            free_in.setdefault(where[d], []).append(d)
+        on_node: dict = {}
+        for d in free_whole:
+            on_node[where[d][0]] = on_node.get(where[d][0], 0) + 1
+        choice = index.choose(request)
+        if op == "slice":
+            if choice is not None:
+                held.append(choice)
+                index.occupy(choice)
+                masks[choice.device_id] |= block_mask(choice.slot_start, choice.slot_count)
+            continue
+        if max(on_node.values(), default=0) < n:
+            assert choice is None
+            continue
+        assert choice is not None and len(set(choice.devices)) == n
+        assert all(masks[d] == 0 for d in choice.devices)
+        assert len({where[d][0] for d in choice.devices}) == 1  # one node
+        groups_with_room = [len(ds) for ds in free_in.values() if len(ds) >= n]
+        if groups_with_room and n > 1:  # one group, the one with the fewest spare (one GPU: as before)
+            assert len({where[d] for d in choice.devices}) == 1
+            assert len(free_in[where[choice.device_id]]) == min(groups_with_room)
+        index.occupy(choice)
+        for d in choice.devices:
+            masks[d] = 0xFF
+        held.append(choice)
+        assert all(index.mask(d) == masks[d] for d in where)
+    assert sum(c.slot_count * len(c.devices) for c in held) == sum(m.bit_count() for m in masks.values())
+
+
+def _group_node(model, groups: dict[str, int]) -> tuple[Node, list[Device]]:
+    node = node_make()
+    devices = []
+    for group, gpus in groups.items():
+        for _ in range(gpus):
+            device = gpu_make(node, model, index=len(devices))
+            Device.objects.filter(id=device.id).update(topology_group=group)
+            devices.append(device)
+    return node, devices
+
+
+def test_a_2x_launch_holds_two_gpus_of_one_group_all_of_their_slots(a100):
+    _node, devices = _group_node(a100, {"nvlink-0": 4, "nvlink-1": 2})
+    user = user_make()
+    session = launch(user, profile="2x")
+    held = session.gpu_devices()
+    assert [d.id for d in held] == [devices[4].id, devices[5].id]  # the group with exactly two free
+    assert session.device_id == held[0].id and session.slot_count == 8
+    assert sorted(slot_pairs()) == [(d.id, s) for d in held for s in range(8)]
+    assert session.price_micros_per_hour == 2 * launch(user, profile="whole").price_micros_per_hour
+    assert allocation_free(session_id=session.id) is True
+    assert not AllocationSlot.objects.filter(device__in=held).exists()
+
+
+def test_a_multi_gpu_take_is_all_or_nothing(a100):
+    _node, devices = _group_node(a100, {"": 2})
+    user = user_make()
+    profiles_ensure()
+    taken = launch(user, profile="1/8")  # one eighth of one of the two
+    other = session_row(user, model=a100, profile="2x")
+    eligible = placement._eligible_devices(a100, Request(A100, "whole", gpu_count=2))
+    both = Choice(devices[0].id, 0, 8, (devices[0].id, devices[1].id))
+    assert placement._try_take(other.id, eligible, both, skip_locked=True) is None
+    assert not Allocation.objects.filter(session=other).exists()
+    assert slot_pairs() == [(taken.device_id, taken.slot_start)]
+
+
+def test_n_gpus_never_on_an_excluded_node(a100):
+    node, _devices = _group_node(a100, {"": 2})
+    user = user_make()
+    profiles_ensure()
+    session = session_row(user, model=a100, profile="2x")
+    two = session.profile
+    assert (
+        allocation_place(session_id=session.id, gpu_model=a100, profile=two, excluded_nodes=[node.id]) is None
+    )
+    assert allocation_place(session_id=session.id, gpu_model=a100, profile=two) is not None
