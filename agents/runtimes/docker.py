@@ -48,6 +48,27 @@ def container_name(session_id: str) -> str:
     return f"suanli-{session_id}"
 
 
+def _mounts(spec: WorkloadSpec, plan: GpuPlan, *, private_dir: str, egress_dir: str | None) -> list:
+    """The home volume, the private folder, the lab extensions (read-only), the egress socket's folder
+    (read-only) and what the GPU plan mounts."""
+    return [
+        docker.types.Mount(target=CONTAINER_HOME, source=f"suanli-home-{spec.user}", type="volume"),
+        docker.types.Mount(target=CONTAINER_RUN, source=private_dir, type="bind"),
+        docker.types.Mount(
+            target=LABEXTENSIONS_IN_WORKLOAD, source=str(LABEXTENSIONS_DIR), type="bind", read_only=True
+        ),
+        *(
+            [docker.types.Mount(target=egress.SANDBOX_DIR, source=egress_dir, type="bind", read_only=True)]
+            if egress_dir
+            else []
+        ),
+        *(
+            docker.types.Mount(target=m.target, source=m.source, type="bind", read_only=m.read_only)
+            for m in plan.mounts
+        ),
+    ]
+
+
 def container_spec(
     spec: WorkloadSpec,
     plan: GpuPlan,
@@ -76,22 +97,6 @@ def container_spec(
     if egress_dir:
         command = egress.relay_command("python3", command)
         environment |= egress.proxy_env()
-    mounts = [
-        docker.types.Mount(target=CONTAINER_HOME, source=f"suanli-home-{spec.user}", type="volume"),
-        docker.types.Mount(target=CONTAINER_RUN, source=private_dir, type="bind"),
-        docker.types.Mount(
-            target=LABEXTENSIONS_IN_WORKLOAD, source=str(LABEXTENSIONS_DIR), type="bind", read_only=True
-        ),
-        *(
-            [docker.types.Mount(target=egress.SANDBOX_DIR, source=egress_dir, type="bind", read_only=True)]
-            if egress_dir
-            else []
-        ),
-        *(
-            docker.types.Mount(target=m.target, source=m.source, type="bind", read_only=m.read_only)
-            for m in plan.mounts
-        ),
-    ]
     device_requests = []
     if plan.device_uuid is not None:
         device_requests.append(
@@ -111,7 +116,7 @@ def container_spec(
             f"{LABEL_PREFIX}.profile": plan.profile or "cpu",
         },
         "network_mode": "none",
-        "mounts": mounts,
+        "mounts": _mounts(spec, plan, private_dir=private_dir, egress_dir=egress_dir),
         "device_requests": device_requests,
         "mem_limit": f"{spec.limits.memory_mib}m",
         "memswap_limit": f"{spec.limits.memory_mib}m",

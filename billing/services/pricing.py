@@ -142,12 +142,13 @@ def _price_check(price_micros_per_hour, interruptible_price_micros_per_hour, *, 
 
 
 def _audited(price: Price | None) -> dict | None:
+    """A price as the audit log shows it: the interruptible price only where there is one."""
     if price is None:
         return None
-    return {
-        "price_micros_per_hour": price.price_micros_per_hour,
-        "interruptible_price_micros_per_hour": price.interruptible_price_micros_per_hour,
-    }
+    row = {"price_micros_per_hour": price.price_micros_per_hour}
+    if price.interruptible_price_micros_per_hour is not None:
+        row["interruptible_price_micros_per_hour"] = price.interruptible_price_micros_per_hour
+    return row
 
 
 def price_set(

@@ -87,7 +87,7 @@ def test_price_set_audits_the_interruptible_price(prices):
         interruptible_price_micros_per_hour=3_000_000,
     )
     row = AuditEntry.objects.filter(action="price.set", target_id=str(price.pk)).get()
-    assert row.before == {"price_micros_per_hour": 12_000_000, "interruptible_price_micros_per_hour": None}
+    assert row.before == {"price_micros_per_hour": 12_000_000}  # no interruptible price: not shown
     assert row.after == {
         "price_micros_per_hour": 10_000_000,
         "interruptible_price_micros_per_hour": 3_000_000,

@@ -37,8 +37,9 @@ GPUS = {"2x": 2, "4x": 4}
 
 
 def _connect() -> None:
-    """Open this thread's connection; a server at its connection limit gets a moment to free one."""
-    for _ in range(100):
+    """Open this thread's connection; a server at its connection limit gets up to a minute to free one
+    (the processes an earlier end-to-end test started may still be closing theirs)."""
+    for _ in range(1200):
         try:
             connection.ensure_connection()
             return

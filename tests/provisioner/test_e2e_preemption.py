@@ -1,8 +1,8 @@
 """Preemption end to end: the portal under uvicorn, a Celery worker and beat (the limits sweep stops the
 victim, the queue dispatch hands its slots over), and a node agent on a fake A100 fleet running real
 JupyterLab processes. An interruptible session is preempted by an on-demand launch: warned (by email
-too), stopped after its grace, billed to its stop at its own price, re-queued, and resumed once the
-on-demand session stops. The test only launches and stops through the API and watches."""
+too), stopped after its grace, billed to its stop at its own price, re-queued, and resumed on a second
+host's agent when that host joins. The test only launches and stops through the API and watches."""
 
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ import pytest
 from billing.models import Meter
 from billing.services.pricing import price_set
 from portal.services import access_token_create
-from provisioner.models import Session, StopWarning
+from provisioner.models import Node, Session, StopWarning
+from provisioner.services.nodes import node_enroll
 from tests.browser.steps import a100_offer, product_stack, stack_env, wait_for_free_gpu
 from tests.provisioner.conftest import A100, make_user
-from tests.stack import wait_for
+from tests.stack import agent_get, delete_workloads, start_agent, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 UNIT = 1_000_000
@@ -90,7 +91,21 @@ def test_an_interruptible_session_is_preempted_warned_stopped_billed_requeued_an
         assert resumed.state == "queued" and resumed.tier == "interruptible"
         assert cheap.get(f"/api/v1/sessions/{victim_id}").json()["resumed_as"] == str(resumed.id)
 
-        assert urgent.post(f"/api/v1/sessions/{on_demand_id}/stop", json={}).status_code == 200
-        _state_is(resumed.id, "running")
-        cheap.post(f"/api/v1/sessions/{resumed.id}/stop", json={})
-        _state_is(resumed.id, "stopped", timeout=60)
+        # a second host joins: capacity frees there, and the resumed session runs on it
+        enrolment = node_enroll(name="node-e2e-b", address="http://127.0.0.1:1")
+        second = start_agent(  # another fleet file: its GPUs are other GPUs
+            tmp_path, node="node-e2e-b", token=enrolment.token, portal=stack["web"].url, fleet="node-a.yaml"
+        )
+        try:
+            Node.objects.filter(pk=enrolment.node.pk).update(address=second.url)
+            resumed = _state_is(resumed.id, "running")
+            assert resumed.node_id == enrolment.node.pk
+            assert Session.objects.get(id=on_demand_id).state == "running"  # untouched on the first host
+            assert [w["session_id"] for w in agent_get(second, "/v1/workloads").json()["workloads"]] == [
+                str(resumed.id)
+            ]
+            cheap.post(f"/api/v1/sessions/{resumed.id}/stop", json={})
+            _state_is(resumed.id, "stopped", timeout=60)
+        finally:
+            delete_workloads(second)
+            second.stop()
