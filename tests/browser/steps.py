@@ -10,9 +10,12 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
+
 from billing.services.cards import card_batch_issue
 from billing.services.pricing import burn_rate_set, price_set
 from conftest import subprocess_env
+from portal.services import access_token_create
 from provisioner.demo import seed_hardware
 from provisioner.models import Environment, GpuModel, Node, Session
 from provisioner.selectors import availability
@@ -148,3 +151,23 @@ def shoot(page, artifacts_dir: Path, name: str) -> None:
         page.set_viewport_size(size)
         page.screenshot(path=str(artifacts_dir / f"{name}-{label}.png"), full_page=True)
     page.set_viewport_size(DESKTOP)
+
+
+def api_for(web_url: str, user) -> httpx.Client:
+    """The product's API as ``user``, with a fresh token that may read and launch."""
+    _token, raw = access_token_create(user=user, name="e2e", scopes=["read", "sessions"])
+    return httpx.Client(base_url=web_url, headers={"Authorization": f"Bearer {raw}"}, timeout=30)
+
+
+def mail_text(log_dir: Path) -> str:
+    """Every email the stack wrote to ``log_dir/mail`` (``EMAIL_URL=file://…``), in one text."""
+    folder = log_dir / "mail"
+    return "\n".join(p.read_text() for p in sorted(folder.glob("*"))) if folder.exists() else ""
+
+
+def api_launch(api: httpx.Client, *, profile: str = "1/4", **fields) -> str:
+    """Launch an A100 ``profile`` session through the API (fields override the defaults); its id."""
+    body = {"gpu_model": A100, "profile": profile, "environment": "python-3.11", "max_hours": 1, **fields}
+    response = api.post("/api/v1/sessions", json=body)
+    assert response.status_code == 201, response.text
+    return response.json()["id"]

@@ -53,19 +53,26 @@ def _idle_warning(session: Session) -> StopWarning:
     )
 
 
-def test_an_idle_warning_shows_in_the_lab_and_im_still_here_keeps_the_session(browser, stack, artifacts_dir):
+def _student_in_the_lab(browser, stack, username: str):
+    """A student signed up with a code launches a 1/4 A100 and opens its JupyterLab through the portal,
+    its notebook's kernel idle. Returns (context, session page, session, lab page)."""
     code = a100_offer()
     wait_for_free_gpu(stack)
     context = browser.new_context(base_url=stack["web"].url, viewport=DESKTOP)
     context.set_default_timeout(30_000)
     page = context.new_page()
-    sign_up_with_code(page, code, "mei")
+    sign_up_with_code(page, code, username)
     open_launch_page(page)
     session = launch_and_wait_running(page, stack)
     with context.expect_page() as opened:
         page.get_by_test_id("open-jupyter").click()
     lab = opened.value
     lab.get_by_text(re.compile(r"\| Idle")).first.wait_for(timeout=90_000)
+    return context, page, session, lab
+
+
+def test_an_idle_warning_shows_in_the_lab_and_im_still_here_keeps_the_session(browser, stack, artifacts_dir):
+    context, page, session, lab = _student_in_the_lab(browser, stack, "mei")
     banner = lab.locator("#suanli-notices")
     assert banner.count() == 0  # nothing to say yet
 
@@ -119,18 +126,7 @@ def test_an_untouched_session_is_warned_on_the_page_by_email_and_in_the_lab_then
     """Beat runs the limits sweep every second; the session may idle 40 s and is warned 25 s ahead. The
     lab stays open in Chromium, untouched (``OPEN_LAB_IS_IDLE``)."""
     stack = idle_stack
-    code = a100_offer()
-    wait_for_free_gpu(stack)
-    context = browser.new_context(base_url=stack["web"].url, viewport=DESKTOP)
-    context.set_default_timeout(30_000)
-    page = context.new_page()
-    sign_up_with_code(page, code, "idle")
-    open_launch_page(page)
-    session = launch_and_wait_running(page, stack)
-    with context.expect_page() as opened:
-        page.get_by_test_id("open-jupyter").click()
-    lab = opened.value
-    lab.get_by_text(re.compile(r"\| Idle")).first.wait_for(timeout=90_000)
+    context, page, session, lab = _student_in_the_lab(browser, stack, "idle")
     Session.objects.filter(pk=session.pk).update(idle_seconds=40, last_active_at=timezone.now())
 
     banner = lab.locator("#suanli-notices")

@@ -6,17 +6,21 @@ host's agent when that host joins. The test only launches and stops through the 
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import httpx
 import pytest
 
 from billing.models import Meter
 from billing.services.pricing import price_set
-from portal.services import access_token_create
 from provisioner.models import Node, Session, StopWarning
 from provisioner.services.nodes import node_enroll
-from tests.browser.steps import a100_offer, product_stack, stack_env, wait_for_free_gpu
+from tests.browser.steps import (
+    a100_offer,
+    api_for,
+    api_launch,
+    mail_text,
+    product_stack,
+    stack_env,
+    wait_for_free_gpu,
+)
 from tests.provisioner.conftest import A100, make_user
 from tests.stack import agent_get, delete_workloads, start_agent, wait_for
 
@@ -25,26 +29,9 @@ UNIT = 1_000_000
 CHEAP_MICROS = 900_000_000  # 0.25 a second; on demand costs 1.00 (steps.a100_offer)
 
 
-def _api(web_url: str, user) -> httpx.Client:
-    _token, raw = access_token_create(user=user, name="e2e", scopes=["read", "sessions"])
-    return httpx.Client(base_url=web_url, headers={"Authorization": f"Bearer {raw}"}, timeout=30)
-
-
-def _launch(api: httpx.Client, **fields) -> str:
-    body = {"gpu_model": A100, "profile": "whole", "environment": "python-3.11", "max_hours": 1, **fields}
-    response = api.post("/api/v1/sessions", json=body)
-    assert response.status_code == 201, response.text
-    return response.json()["id"]
-
-
 def _state_is(session_id, state: str, timeout: float = 90) -> Session:
     wait_for(lambda: Session.objects.get(id=session_id).state == state, timeout, 0.3, f"{session_id} {state}")
     return Session.objects.get(id=session_id)
-
-
-def _mail(tmp_path: Path) -> str:
-    folder = tmp_path / "mail"
-    return "\n".join(p.read_text() for p in sorted(folder.glob("*"))) if folder.exists() else ""
 
 
 def test_an_interruptible_session_is_preempted_warned_stopped_billed_requeued_and_resumed(tmp_path):
@@ -63,16 +50,19 @@ def test_an_interruptible_session_is_preempted_warned_stopped_billed_requeued_an
             interruptible_price_micros_per_hour=CHEAP_MICROS,
         )
         wait_for_free_gpu(stack, profile="whole")
-        cheap = _api(stack["web"].url, make_user("cheap", funds=10_000 * UNIT))
-        urgent = _api(stack["web"].url, make_user("urgent", funds=10_000 * UNIT))
+        cheap = api_for(stack["web"].url, make_user("cheap", funds=10_000 * UNIT))
+        urgent = api_for(stack["web"].url, make_user("urgent", funds=10_000 * UNIT))
 
-        victim_id = _launch(cheap, tier="interruptible", resume=True)
+        victim_id = api_launch(cheap, profile="whole", tier="interruptible", resume=True)
         _state_is(victim_id, "running")
-        on_demand_id = _launch(urgent)
+        on_demand_id = api_launch(urgent, profile="whole")
         assert Session.objects.get(id=on_demand_id).state == "queued"
         warning = StopWarning.objects.get(session_id=victim_id, kind="preempt")
         wait_for(
-            lambda: "An on-demand launch needs this GPU" in _mail(tmp_path), 30, 0.3, "the warning by mail"
+            lambda: "An on-demand launch needs this GPU" in mail_text(tmp_path),
+            30,
+            0.3,
+            "the warning by mail",
         )
 
         victim = _state_is(victim_id, "stopped", timeout=60)

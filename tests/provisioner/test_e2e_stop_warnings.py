@@ -10,15 +10,21 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from billing.models import Meter
 from billing.selectors import account_funds
-from portal.services import access_token_create
 from provisioner.models import Session, StopWarning
 from provisioner.quotas import quota_set
-from tests.browser.steps import a100_offer, product_stack, stack_env, wait_for_free_gpu
+from tests.browser.steps import (
+    a100_offer,
+    api_for,
+    api_launch,
+    mail_text,
+    product_stack,
+    stack_env,
+    wait_for_free_gpu,
+)
 from tests.provisioner.conftest import A100, make_user
 from tests.provisioner.factories import team_make
 from tests.stack import wait_for
@@ -40,23 +46,10 @@ def _stack(tmp_path: Path, **env: str):
     )
 
 
-def _api(web_url: str, user) -> httpx.Client:
-    _token, raw = access_token_create(user=user, name="e2e", scopes=["read", "sessions"])
-    return httpx.Client(base_url=web_url, headers={"Authorization": f"Bearer {raw}"}, timeout=30)
-
-
-def _launch_running(api: httpx.Client, **fields) -> Session:
-    body = {"gpu_model": A100, "profile": "1/4", "environment": "python-3.11", "max_hours": 1, **fields}
-    response = api.post("/api/v1/sessions", json=body)
-    assert response.status_code == 201, response.text
-    session_id = response.json()["id"]
+def _launch_running(api, **fields) -> Session:
+    session_id = api_launch(api, **fields)
     wait_for(lambda: Session.objects.get(id=session_id).state == "running", 90, 0.3, "the session to run")
     return Session.objects.get(id=session_id)
-
-
-def _mail(tmp_path: Path) -> str:
-    folder = tmp_path / "mail"
-    return "\n".join(p.read_text() for p in sorted(folder.glob("*"))) if folder.exists() else ""
 
 
 def _ended(session: Session, timeout: float = 60) -> Session:
@@ -69,15 +62,15 @@ def test_a_low_funds_session_is_warned_once_then_stopped_with_nothing_billed_aft
         a100_offer()
         wait_for_free_gpu(stack)
         user = make_user("lowfunds", funds=15 * UNIT)  # a minute of a 1/4 A100
-        session = _launch_running(_api(stack["web"].url, user))
+        session = _launch_running(api_for(stack["web"].url, user))
         wait_for(
             lambda: StopWarning.objects.filter(session=session, kind="funds").exists(), 60, 0.3, "the warning"
         )
-        assert "Funds are running out" in _mail(tmp_path)
+        assert "Funds are running out" in mail_text(tmp_path)
         ended = _ended(session)
         assert "funds exhausted" in ended.reason
         assert StopWarning.objects.filter(session=session, kind="funds").count() == 1  # warned once
-        assert _mail(tmp_path).count("Funds are running out") == 1
+        assert mail_text(tmp_path).count("Funds are running out") == 1
         meter = Meter.objects.get(session_ref=str(session.id))
         money = account_funds(account=user.account, gpu_model=A100).money_micros
         wait_for(lambda: Meter.objects.get(id=meter.id).state == "closed", 20, 0.3, "the meter to close")
@@ -99,12 +92,12 @@ def test_a_member_over_their_budget_mid_session_has_only_their_own_session_stopp
         owner, member = make_user("lead", funds=0), make_user("stu", funds=0)
         team = team_make(owner, members=[member], funded_micros=10_000 * UNIT)
         quota_set(user=member, account=team.account, limits={"monthly_spend_cap_micros": 5 * UNIT})  # 20 s
-        theirs = _launch_running(_api(stack["web"].url, member), account=team.account_id)
-        owners = _launch_running(_api(stack["web"].url, owner), account=team.account_id)
+        theirs = _launch_running(api_for(stack["web"].url, member), account=team.account_id)
+        owners = _launch_running(api_for(stack["web"].url, owner), account=team.account_id)
         wait_for(
             lambda: StopWarning.objects.filter(session=theirs, kind="budget").exists(), 60, 0.3, "the warning"
         )
-        assert "Your share of this team reached this month's budget" in _mail(tmp_path)
+        assert "Your share of this team reached this month's budget" in mail_text(tmp_path)
         ended = _ended(theirs)
         assert "monthly budget reached" in ended.reason
         assert Session.objects.get(id=owners.id).state == "running"
