@@ -5,20 +5,29 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('billing', 'b0007'),
+        ("billing", "0007_notification_to_notices"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='price',
-            name='interruptible_price_micros_per_hour',
+            model_name="price",
+            name="interruptible_price_micros_per_hour",
             field=models.BigIntegerField(blank=True, null=True),
         ),
         migrations.AddConstraint(
-            model_name='price',
-            constraint=models.CheckConstraint(condition=models.Q(('interruptible_price_micros_per_hour__isnull', True), models.Q(('interruptible_price_micros_per_hour__gte', 0), ('interruptible_price_micros_per_hour__lte', models.F('price_micros_per_hour'))), _connector='OR'), name='price_interruptible_not_above_on_demand'),
+            model_name="price",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    ("interruptible_price_micros_per_hour__isnull", True),
+                    models.Q(
+                        ("interruptible_price_micros_per_hour__gte", 0),
+                        ("interruptible_price_micros_per_hour__lte", models.F("price_micros_per_hour")),
+                    ),
+                    _connector="OR",
+                ),
+                name="price_interruptible_not_above_on_demand",
+            ),
         ),
     ]

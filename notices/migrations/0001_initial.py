@@ -7,7 +7,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
@@ -16,36 +15,109 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.CreateModel(
-            name='Notice',
+            name="Notice",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('kind', models.CharField(choices=[('card_expiring', 'A compute card expires soon'), ('card_received', 'A gifted compute card was received'), ('runway_low', 'Funds are running low'), ('session_started', 'A session started'), ('session_stopped', 'A session ended'), ('session_placed', 'A queued session was placed'), ('budget_threshold', 'A budget reached a threshold'), ('topup_credited', 'A top-up was credited'), ('stop_warning', 'A session stops soon'), ('ledger_hold', 'The ledger check found a problem')], max_length=32)),
-                ('message_key', models.CharField(blank=True, max_length=32)),
-                ('message_params', models.JSONField(blank=True, default=dict)),
-                ('message', models.CharField(blank=True, max_length=500)),
-                ('url', models.CharField(blank=True, max_length=500)),
-                ('dedupe_key', models.CharField(max_length=200)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('read_at', models.DateTimeField(blank=True, null=True)),
-                ('dismissed_at', models.DateTimeField(blank=True, null=True)),
-                ('emailed_at', models.DateTimeField(blank=True, null=True)),
-                ('user', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='notices', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[
+                            ("card_expiring", "A compute card expires soon"),
+                            ("card_received", "A gifted compute card was received"),
+                            ("runway_low", "Funds are running low"),
+                            ("session_started", "A session started"),
+                            ("session_stopped", "A session ended"),
+                            ("session_placed", "A queued session was placed"),
+                            ("budget_threshold", "A budget reached a threshold"),
+                            ("topup_credited", "A top-up was credited"),
+                            ("stop_warning", "A session stops soon"),
+                            ("ledger_hold", "The ledger check found a problem"),
+                        ],
+                        max_length=32,
+                    ),
+                ),
+                ("message_key", models.CharField(blank=True, max_length=32)),
+                ("message_params", models.JSONField(blank=True, default=dict)),
+                ("message", models.CharField(blank=True, max_length=500)),
+                ("url", models.CharField(blank=True, max_length=500)),
+                ("dedupe_key", models.CharField(max_length=200)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("read_at", models.DateTimeField(blank=True, null=True)),
+                ("dismissed_at", models.DateTimeField(blank=True, null=True)),
+                ("emailed_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "user",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="notices",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'indexes': [models.Index(condition=models.Q(('dismissed_at__isnull', True)), fields=['user', '-created_at'], name='notice_user_live'), models.Index(condition=models.Q(('dismissed_at__isnull', True), ('read_at__isnull', True)), fields=['user'], name='notice_user_unread')],
-                'constraints': [models.UniqueConstraint(fields=('user', 'dedupe_key'), name='notice_once_per_user')],
+                "indexes": [
+                    models.Index(
+                        condition=models.Q(("dismissed_at__isnull", True)),
+                        fields=["user", "-created_at"],
+                        name="notice_user_live",
+                    ),
+                    models.Index(
+                        condition=models.Q(("dismissed_at__isnull", True), ("read_at__isnull", True)),
+                        fields=["user"],
+                        name="notice_user_unread",
+                    ),
+                ],
+                "constraints": [
+                    models.UniqueConstraint(fields=("user", "dedupe_key"), name="notice_once_per_user")
+                ],
             },
         ),
         migrations.CreateModel(
-            name='NoticePreference',
+            name="NoticePreference",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('kind', models.CharField(choices=[('card_expiring', 'A compute card expires soon'), ('card_received', 'A gifted compute card was received'), ('runway_low', 'Funds are running low'), ('session_started', 'A session started'), ('session_stopped', 'A session ended'), ('session_placed', 'A queued session was placed'), ('budget_threshold', 'A budget reached a threshold'), ('topup_credited', 'A top-up was credited'), ('stop_warning', 'A session stops soon'), ('ledger_hold', 'The ledger check found a problem')], max_length=32)),
-                ('email', models.BooleanField()),
-                ('user', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='notice_preferences', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[
+                            ("card_expiring", "A compute card expires soon"),
+                            ("card_received", "A gifted compute card was received"),
+                            ("runway_low", "Funds are running low"),
+                            ("session_started", "A session started"),
+                            ("session_stopped", "A session ended"),
+                            ("session_placed", "A queued session was placed"),
+                            ("budget_threshold", "A budget reached a threshold"),
+                            ("topup_credited", "A top-up was credited"),
+                            ("stop_warning", "A session stops soon"),
+                            ("ledger_hold", "The ledger check found a problem"),
+                        ],
+                        max_length=32,
+                    ),
+                ),
+                ("email", models.BooleanField()),
+                (
+                    "user",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="notice_preferences",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'constraints': [models.UniqueConstraint(fields=('user', 'kind'), name='notice_preference_once')],
+                "constraints": [
+                    models.UniqueConstraint(fields=("user", "kind"), name="notice_preference_once")
+                ],
             },
         ),
     ]

@@ -4,15 +4,16 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('provisioner', '0007_session_cpu_seconds'),
+        ("provisioner", "0007_session_cpu_seconds"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='quota',
-            name='monthly_card_cap_micros',
-            field=models.BigIntegerField(blank=True, help_text='Card-hours a month, in micro card-hours.', null=True),
+            model_name="quota",
+            name="monthly_card_cap_micros",
+            field=models.BigIntegerField(
+                blank=True, help_text="Card-hours a month, in micro card-hours.", null=True
+            ),
         ),
     ]

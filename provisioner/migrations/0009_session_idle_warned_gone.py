@@ -4,14 +4,13 @@ from django.db import migrations
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('provisioner', '0008_budget_card_cap'),
+        ("provisioner", "0008_budget_card_cap"),
     ]
 
     operations = [
         migrations.RemoveField(
-            model_name='session',
-            name='idle_warned_at',
+            model_name="session",
+            name="idle_warned_at",
         ),
     ]

@@ -6,50 +6,85 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('billing', '0008_interruptible_price'),
-        ('provisioner', '0009_session_idle_warned_gone'),
+        ("billing", "0008_interruptible_price"),
+        ("provisioner", "0009_session_idle_warned_gone"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='session',
-            name='preempted_at',
+            model_name="session",
+            name="preempted_at",
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='session',
-            name='preempted_for',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='preempting', to='provisioner.session'),
+            model_name="session",
+            name="preempted_for",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.SET_NULL,
+                related_name="preempting",
+                to="provisioner.session",
+            ),
         ),
         migrations.AddField(
-            model_name='session',
-            name='resume',
+            model_name="session",
+            name="resume",
             field=models.BooleanField(default=False),
         ),
         migrations.AddField(
-            model_name='session',
-            name='resumed_from',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='resumed_as', to='provisioner.session'),
+            model_name="session",
+            name="resumed_from",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.SET_NULL,
+                related_name="resumed_as",
+                to="provisioner.session",
+            ),
         ),
         migrations.AddField(
-            model_name='session',
-            name='tier',
-            field=models.CharField(choices=[('on_demand', 'On demand'), ('interruptible', 'Interruptible')], default='on_demand', max_length=16),
+            model_name="session",
+            name="tier",
+            field=models.CharField(
+                choices=[("on_demand", "On demand"), ("interruptible", "Interruptible")],
+                default="on_demand",
+                max_length=16,
+            ),
         ),
         migrations.AlterField(
-            model_name='stopwarning',
-            name='kind',
-            field=models.CharField(choices=[('idle', 'Idle'), ('funds', 'Funds'), ('max_hours', 'Longest session time'), ('budget', 'Budget'), ('preempt', 'Preemption')], max_length=16),
+            model_name="stopwarning",
+            name="kind",
+            field=models.CharField(
+                choices=[
+                    ("idle", "Idle"),
+                    ("funds", "Funds"),
+                    ("max_hours", "Longest session time"),
+                    ("budget", "Budget"),
+                    ("preempt", "Preemption"),
+                ],
+                max_length=16,
+            ),
         ),
         migrations.AddIndex(
-            model_name='session',
-            index=models.Index(condition=models.Q(('tier', 'interruptible')), fields=['gpu_model', 'state'], name='session_interruptible'),
+            model_name="session",
+            index=models.Index(
+                condition=models.Q(("tier", "interruptible")),
+                fields=["gpu_model", "state"],
+                name="session_interruptible",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='session',
-            constraint=models.CheckConstraint(condition=models.Q(('tier', 'interruptible'), models.Q(('preempted_at__isnull', True), ('preempted_for__isnull', True)), _connector='OR'), name='session_only_interruptible_preempted'),
+            model_name="session",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    ("tier", "interruptible"),
+                    models.Q(("preempted_at__isnull", True), ("preempted_for__isnull", True)),
+                    _connector="OR",
+                ),
+                name="session_only_interruptible_preempted",
+            ),
         ),
     ]

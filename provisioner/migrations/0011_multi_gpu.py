@@ -14,35 +14,50 @@ def seed(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('provisioner', '0010_interruptible_tier'),
+        ("provisioner", "0010_interruptible_tier"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='device',
-            name='topology_group',
+            model_name="device",
+            name="topology_group",
             field=models.CharField(blank=True, max_length=64),
         ),
         migrations.AddField(
-            model_name='profile',
-            name='gpu_count',
-            field=models.PositiveSmallIntegerField(default=1, help_text='Whole GPUs of one node it takes (2x, 4x, 8x); 1 for every other profile.'),
+            model_name="profile",
+            name="gpu_count",
+            field=models.PositiveSmallIntegerField(
+                default=1,
+                help_text="Whole GPUs of one node it takes (2x, 4x, 8x); 1 for every other profile.",
+            ),
         ),
         migrations.AddField(
-            model_name='session',
-            name='devices',
-            field=models.ManyToManyField(blank=True, related_name='+', to='provisioner.device'),
+            model_name="session",
+            name="devices",
+            field=models.ManyToManyField(blank=True, related_name="+", to="provisioner.device"),
         ),
         migrations.AddField(
-            model_name='session',
-            name='reserved_node',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='reserved_by', to='provisioner.node'),
+            model_name="session",
+            name="reserved_node",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.SET_NULL,
+                related_name="reserved_by",
+                to="provisioner.node",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='profile',
-            constraint=models.CheckConstraint(condition=models.Q(('gpu_count', 1), models.Q(('gpu_count__in', [2, 4, 8]), ('kind', 'whole')), _connector='OR'), name='profile_gpu_count_whole'),
+            model_name="profile",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    ("gpu_count", 1),
+                    models.Q(("gpu_count__in", [2, 4, 8]), ("kind", "whole")),
+                    _connector="OR",
+                ),
+                name="profile_gpu_count_whole",
+            ),
         ),
         migrations.RunPython(seed, migrations.RunPython.noop),
     ]
