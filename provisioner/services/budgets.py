@@ -14,7 +14,6 @@ from __future__ import annotations
 from datetime import datetime
 
 from django.conf import settings
-from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from billing.models import Account
@@ -36,16 +35,12 @@ S = Session.State
 W = StopWarning.Kind
 
 
-def _people(budget: Budget) -> list:
-    users = []
-    if budget.user_id is not None:
-        users += list(get_user_model().objects.filter(id=budget.user_id))
+def _people(budget: Budget) -> list[int]:
+    """Whom a budget's alerts go to: its user (a user's or a member's), and a team's managers."""
+    users = [budget.user_id] if budget.user_id is not None else []
     if budget.account_id is not None:
-        users += [
-            u
-            for u in account_managers(account=Account(id=budget.account_id, kind=Account.Kind.TEAM))
-            if u.id != budget.user_id
-        ]
+        team = Account(id=budget.account_id, kind=Account.Kind.TEAM)
+        users += [u.id for u in account_managers(account=team) if u.id != budget.user_id]
     return users
 
 

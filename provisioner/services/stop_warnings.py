@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 from django.urls import reverse
 from django.utils import timezone
@@ -83,11 +82,8 @@ def stop_warn(
 
 
 def _tell_owner(warning: StopWarning, *, owner_id: int, line: Message) -> None:
-    owner = get_user_model().objects.filter(id=owner_id).first()
-    if owner is None:
-        return
     notify(
-        users=[owner],
+        users=[owner_id],
         kind="stop_warning",
         key=line.key,
         params=line.params,
