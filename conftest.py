@@ -163,3 +163,12 @@ def page(browser, live_server):
 def artifacts_dir() -> Path:
     ARTIFACTS.mkdir(exist_ok=True)
     return ARTIFACTS
+
+
+@pytest.fixture(autouse=True)
+def _catalog_cache_fresh():
+    """The cached catalog outlives a test's rolled-back rows: every test starts without one."""
+    from provisioner.catalog_cache import _replace_version
+
+    _replace_version()
+    yield

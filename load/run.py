@@ -1,10 +1,10 @@
-"""``make load``: the real stack on ``.data/load`` under 50 concurrent users (locust, headless), then every
-``bench/`` script; writes the figures to docs/PERFORMANCE.md.
+"""``make load``: the real stack on ``.data/load`` under 50 then 200 concurrent users (locust, headless),
+then every ``bench/`` script; writes the figures to docs/PERFORMANCE.md.
 
-    .venv/bin/python -m load.run [--users 50] [--seconds 60] [--bench run|stored|skip]
+    .venv/bin/python -m load.run [--users 50,200] [--seconds 60] [--bench run|stored|skip]
 
-The stack is the production shape with its default intervals (one web process, one Celery worker, beat,
-three agents on fake fleets). Four users hold a running session each for the proxy requests. The load is
+The stack is the production shape with its default intervals (a web process per core, one Celery worker,
+beat, three agents on fake fleets). Four users hold a running session each for the proxy requests. The load is
 then: the dashboard (browser cookie), launch + stop of a 1/8 A100 through the API (token), and a small
 Jupyter API GET through the proxy. Benchmarks run after the stack is down, one at a time, each with the
 arguments below; their output is kept under ``.data/bench-results/`` so that ``--bench stored`` (or a
@@ -18,6 +18,7 @@ import csv
 import importlib.util
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -46,7 +47,9 @@ def _say(line: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m load.run", description=__doc__.split("\n")[0])
-    parser.add_argument("--users", type=int, default=50)
+    parser.add_argument(
+        "--users", default="50,200", help="users of each phase, one after the other on the same stack"
+    )
     parser.add_argument("--seconds", type=int, default=60)
     parser.add_argument("--bench", choices=["run", "stored", "skip"], default="run")
     parser.add_argument("--report", type=Path, default=ROOT / "docs" / "PERFORMANCE.md")
@@ -77,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         extra_env={
             "QUOTA_DEFAULT_MAX_SESSIONS": "100000",
             "QUOTA_DEFAULT_MAX_EIGHTHS": "1000000",
+            "WEB_CONCURRENCY": str(os.cpu_count() or 1),  # as `make run` starts it
             **dict(pair.split("=", 1) for pair in args.env),
         },
     )
@@ -88,8 +92,9 @@ def main(argv: list[str] | None = None) -> int:
         from chaos.stack import seed_catalog, seed_users
 
         seed_catalog()
-        _say(f"seeding {args.users} users")
-        users = seed_users(args.users, prefix="load", wallet_micros=1_000_000_000)
+        phases = [int(n) for n in args.users.split(",")]
+        _say(f"seeding {max(phases)} users")
+        users = seed_users(max(phases), prefix="load", wallet_micros=1_000_000_000)
         stack.start_web()
         stack.start_worker(0)
         stack.start_beat()
@@ -106,8 +111,10 @@ def main(argv: list[str] | None = None) -> int:
         }
         plan_file = stack.data_dir / "plan.json"
         plan_file.write_text(json.dumps(plan))
-        _say(f"{args.users} users for {args.seconds} s against {stack.url}")
-        stats = _locust(stack, plan_file, users=args.users, seconds=args.seconds)
+        stats = {}
+        for count in phases:
+            _say(f"{count} users for {args.seconds} s against {stack.url}")
+            stats[count] = _locust(stack, plan_file, users=count, seconds=args.seconds)
     finally:
         _say("stopping the stack")
         stack.shutdown()
@@ -115,13 +122,12 @@ def main(argv: list[str] | None = None) -> int:
     _write(
         args.report,
         stats=stats,
-        users=args.users,
         seconds=args.seconds,
         load_average=load_average,
         benches=benches,
         extra_env=args.env,
     )
-    errors = sum(row["errors"] for name, row in stats.items() if name in ENDPOINTS)
+    errors = sum(phase[name]["errors"] for phase in stats.values() for name in ENDPOINTS if name in phase)
     _say(f"report in {args.report}; {errors} errors")
     return 1 if errors else 0
 
@@ -163,18 +169,24 @@ def _locust(stack: Stack, plan_file: Path, *, users: int, seconds: int) -> dict[
         "--csv", str(prefix), "--only-summary", "--loglevel", "WARNING", "--stop-timeout", "10",
     ]  # fmt: skip
     env = {**os.environ, "LOAD_PLAN": str(plan_file)}
-    with (stack.log_dir / "locust.log").open("wb") as log:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.monotonic()
+    with (stack.log_dir / f"locust-{users}.log").open("wb") as log:
         subprocess.run(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, check=False)
-    stats = {}
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    stats: dict = {"_generator_cpu": cpu / (time.monotonic() - started)}  # cores the generator used
     with open(f"{prefix}_stats.csv", newline="") as handle:
         for row in csv.DictReader(handle):
             if row["Name"] in ENDPOINTS:
-                stats[row["Name"]] = {
+                key = row["Name"] if row["Type"] != "server" else f"server {row['Name']}"
+                stats[key] = {
                     "requests": int(row["Request Count"]),
                     "errors": int(row["Failure Count"]),
                     "rps": float(row["Requests/s"]),
                     "p50": float(row["50%"]),
                     "p95": float(row["95%"]),
+                    "p99": float(row["99%"]),
                 }
     stats["_connections"] = _connections(stack)
     failures = Path(f"{prefix}_failures.csv")
@@ -235,43 +247,54 @@ def _benches(mode: str, *, env: dict[str, str]) -> list[dict]:
     return found
 
 
-def _write(path: Path, *, stats, users, seconds, load_average, benches, extra_env) -> None:
+def _write(path: Path, *, stats, seconds, load_average, benches, extra_env) -> None:
     now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    phases = " then ".join(str(n) for n in stats)
     lines = [
         "# Performance",
         "",
-        f"As of {now}: `make load` ({users} concurrent users for {seconds} s, locust {version('locust')}) "
+        f"As of {now}: `make load` ({phases} concurrent users, {seconds} s each, locust {version('locust')}) "
         f"on this machine ({os.cpu_count()} cores, load average {load_average:.1f} when it started: other "
         "work shares the CPUs, so treat the figures as a floor). The benchmarks below each carry their own "
         "date.",
         "",
         "## Load: the dashboard, the launch API and the Jupyter proxy",
         "",
-        "The real stack as production runs it (one uvicorn web process, one Celery worker, beat, three "
-        "agents on fake fleets; default intervals) on the embedded PostgreSQL and Redis. Each simulated user "
-        "waits 0.5–1.5 s between requests and picks: the dashboard (weight 3), a Jupyter `api/status` GET "
-        "through the proxy to one of four running sessions (weight 3), or a launch of a 1/8 A100 through "
-        "the API followed at once by its stop (weight 1). The load generator runs on the same 2 cores."
+        f"The real stack as production runs it ({os.cpu_count()} uvicorn web processes, one Celery worker, "
+        "beat, three agents on fake fleets; default intervals) on the embedded PostgreSQL and Redis. Each "
+        "simulated user waits 0.5–1.5 s between requests and picks: the dashboard (weight 3), a Jupyter "
+        "`api/status` GET through the proxy to one of four running sessions (weight 3), or a launch of a 1/8 "
+        "A100 through the API followed at once by its stop (weight 1). The load generator runs on the same "
+        "cores; its own CPU is given for each phase. *Server* is the portal's own time for the answer (its "
+        "`Server-Timing` header): the rest of the client's time is queueing for a core and the network."
         + (f" Extra environment: `{' '.join(extra_env)}`." if extra_env else ""),
-        "",
-        "| endpoint | requests | throughput (req/s) | p50 (ms) | p95 (ms) | errors |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for name in ENDPOINTS:
-        row = stats.get(name)
-        if row:
-            lines.append(
-                f"| `{name}` | {row['requests']} | {row['rps']:.1f} | {row['p50']:.0f} | {row['p95']:.0f} | "
-                f"{row['errors']} |"
-            )
-        else:
-            lines.append(f"| `{name}` | 0 | – | – | – | – |")
-    lines += [
-        "",
-        f"PostgreSQL connections right after the load, by process: {stats.get('_connections', '?')}.",
-    ]
-    if stats.get("_failures", "").count("\n") > 1:
-        lines += ["", "Failures (locust):", "", "```text", stats["_failures"].strip(), "```"]
+    for users, phase in stats.items():
+        lines += [
+            "",
+            f"### {users} users",
+            "",
+            "| endpoint | requests | throughput (req/s) | p50 (ms) | p95 (ms) | p99 (ms) | server p50 (ms) "
+            "| server p95 (ms) | errors |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for name in ENDPOINTS:
+            row, server = phase.get(name), phase.get(f"server {name}")
+            served = f"{server['p50']:.0f} | {server['p95']:.0f}" if server else "– | –"
+            if row:
+                lines.append(
+                    f"| `{name}` | {row['requests']} | {row['rps']:.1f} | {row['p50']:.0f} "
+                    f"| {row['p95']:.0f} | {row['p99']:.0f} | {served} | {row['errors']} |"
+                )
+            else:
+                lines.append(f"| `{name}` | 0 | – | – | – | – | – | – | – |")
+        lines += [
+            "",
+            f"The load generator used {phase['_generator_cpu']:.2f} of the {os.cpu_count()} cores. "
+            f"PostgreSQL connections right after the load, by process: {phase.get('_connections', '?')}.",
+        ]
+        if phase.get("_failures", "").count("\n") > 1:
+            lines += ["", "Failures (locust):", "", "```text", phase["_failures"].strip(), "```"]
     lines += ["", "## Benchmarks (`bench/`)", ""]
     if not benches:
         lines.append("Not run this time (`--bench skip`).")

@@ -1,17 +1,20 @@
 from functools import cache
 
-from notices.selectors import notices_recent, notices_unread_count
+from notices.selectors import notices_bell
 
 BELL_SIZE = 5
+RECENT_SIZE = 10  # the dashboard lists the unread among the newest this many, from the same query
 
 
 def bell(request) -> dict:
-    """The bell in the nav: the unread count and the newest notices, each one query, made only when a
-    page shows them (templates call these) and once per page."""
+    """The bell in the nav: the unread count and the newest notices, in one query made only when a page
+    shows them (templates call these) and once per page."""
     user = getattr(request, "user", None)
     if user is None or not user.is_authenticated:
         return {}
+    read = cache(lambda: notices_bell(user=user, limit=RECENT_SIZE))
     return {
-        "notices_unread": cache(lambda: notices_unread_count(user=user)),
-        "notices_bell": cache(lambda: list(notices_recent(user=user, limit=BELL_SIZE))),
+        "notices_unread": lambda: read()[0],
+        "notices_bell": lambda: read()[1][:BELL_SIZE],
+        "notices_recent_unread": lambda: [n for n in read()[1] if n.read_at is None],
     }

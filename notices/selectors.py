@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.db.models import QuerySet
+from django.db.models import Count, Q, QuerySet, Window
 
 from notices.kinds import KINDS, Kind
 from notices.models import Notice, NoticePreference
@@ -11,6 +11,17 @@ from notices.models import Notice, NoticePreference
 def notices_unread_count(*, user) -> int:
     """How many of ``user``'s notices are unread and not dismissed (one COUNT, on a partial index)."""
     return Notice.objects.filter(user_id=user.pk, read_at__isnull=True, dismissed_at__isnull=True).count()
+
+
+def notices_bell(*, user, limit: int) -> tuple[int, list[Notice]]:
+    """How many of ``user``'s notices are unread, and the newest ``limit`` not dismissed, in one query
+    (the count is a window over every notice not dismissed, taken before the limit)."""
+    rows = list(
+        Notice.objects.filter(user_id=user.pk, dismissed_at__isnull=True)
+        .annotate(unread_total=Window(Count("id", filter=Q(read_at__isnull=True))))
+        .order_by("-created_at", "-id")[:limit]
+    )
+    return (rows[0].unread_total if rows else 0), rows
 
 
 def notices_recent(*, user, limit: int = 20, unread_only: bool = False) -> QuerySet[Notice]:

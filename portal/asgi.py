@@ -10,7 +10,17 @@ import os
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
-os.environ.setdefault("DATABASE_POOL_SIZE", "20")  # see portal/settings.py
+
+
+def _pool_size() -> str:
+    """Each web process (uvicorn --workers, WEB_CONCURRENCY) gets its share of WEB_DATABASE_CONNECTIONS,
+    at least 4: the web's connections stay within the budget whatever the process count."""
+    processes = max(1, int(os.environ.get("WEB_CONCURRENCY") or 1))
+    budget = int(os.environ.get("WEB_DATABASE_CONNECTIONS") or 40)
+    return str(max(4, budget // processes))
+
+
+os.environ.setdefault("DATABASE_POOL_SIZE", _pool_size())  # see portal/settings.py
 
 django_application = get_asgi_application()
 

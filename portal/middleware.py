@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import time
 import zoneinfo
 
 from django.utils import timezone, translation
@@ -22,4 +23,18 @@ class UserPreferencesMiddleware:
                 timezone.deactivate()
         response = self.get_response(request)
         response.headers.setdefault("Content-Language", translation.get_language())
+        return response
+
+
+class ServerTimingMiddleware:
+    """``Server-Timing: app;dur=<ms>`` on every answer: the time spent in Django for it, so that a load
+    generator (``make load``) can tell the server's time from the queueing and the network's."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        started = time.perf_counter()
+        response = self.get_response(request)
+        response.headers["Server-Timing"] = f"app;dur={(time.perf_counter() - started) * 1000:.1f}"
         return response

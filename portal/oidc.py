@@ -115,6 +115,11 @@ class SsoBackend(OIDCAuthenticationBackend):
                 )
         return True
 
+    def get_user(self, user_id):
+        """The user of a request signed in this way, read with their account (as PasswordBackend does)."""
+        user = self.UserModel._default_manager.select_related("account").filter(pk=user_id).first()
+        return user if user is not None and user.is_active else None
+
     def filter_users_by_claims(self, claims: dict):
         return self.UserModel.objects.filter(sso_subject=self._subject(claims))
 

@@ -27,8 +27,7 @@ from billing.services import cards as card_services
 from billing.services.topups import amount_parse, topup_create
 from core.errors import ApplicationError, ValidationFailed
 from core.units import hours_to_micros
-from notices.selectors import notices_recent
-from portal.selectors import account_managed_by, accounts_payable_by, team_list_for_user
+from portal.selectors import account_managed_by, accounts_payable_by
 from portal.session_pages import running_sessions
 from portal.shortcuts import account_or_404
 from portal.templatetags.suanli import card_hours
@@ -153,11 +152,14 @@ def funds_live(request: HttpRequest) -> HttpResponse:
 @login_required
 def dashboard(request: HttpRequest) -> HttpResponse:
     account = account_or_404(request)
-    context = _money_context(request, account) | {
-        "teams": team_list_for_user(user=request.user),
+    money = _money_context(request, account)
+    context = money | {
+        # the teams are those whose accounts the user pays with (one query for both)
+        "teams": sorted(
+            (a.team for a in money["accounts"] if a.kind == Account.Kind.TEAM), key=lambda team: team.name
+        ),
         "spend": daily_spend(account=account),
         "running": running_sessions(user=request.user),
-        "notices": notices_recent(user=request.user, limit=10, unread_only=True),
     }
     return render(request, "portal/dashboard.html", context)
 

@@ -24,7 +24,6 @@ from django.views.decorators.http import require_POST
 
 from billing import selectors as billing_selectors
 from billing.models import Account, Entry, LedgerAccount
-from billing.services.pricing import INTERRUPTIBLE, PriceQuote, price_quote
 from core.errors import ApplicationError, NotFound, ValidationFailed
 from portal.selectors import accounts_payable_by
 from portal.shortcuts import account_or_404
@@ -55,9 +54,7 @@ class LaunchQuote:
     available_now: int  # how many more of these fit now
     queue_ahead: int  # sessions already waiting for this GPU model
     budgets: tuple[BudgetLeft, ...] = ()  # the monthly budgets this session would count against
-    interruptible: PriceQuote | None = (
-        None  # the lower price an on-demand launch may preempt; None: not offered
-    )
+    interruptible: Rate | None = None  # the lower price an on-demand launch may preempt; None: not offered
 
 
 @dataclass(frozen=True)
@@ -85,12 +82,32 @@ def _budgets_left(*, user, account: Account, quote) -> tuple[BudgetLeft, ...]:
     return tuple(lines)
 
 
-def launch_quote(*, user, account: Account, gpu_model: str, profile: str) -> LaunchQuote | None:
-    """The price, card burn, runway and whether it starts now; None when that choice has no price."""
-    try:
-        quote = price_quote(gpu_model=gpu_model, profile=profile)
-    except NotFound:
+@dataclass(frozen=True)
+class Rate:
+    """An hour's price and card burn, as the catalog lists them."""
+
+    price_micros_per_hour: int
+    card_burn_micros_per_hour: int
+
+
+def _offer(catalog: dict, *, gpu_model: str, profile: str) -> dict | None:
+    """The catalog's entry for a choice (its price and how many fit now), None when it is not offered."""
+    if profile == "cpu":
+        return catalog["cpu"]
+    model = next((m for m in catalog["gpu_models"] if m["name"] == gpu_model), None)
+    return next((p for p in model["profiles"] if p["profile"] == profile), None) if model else None
+
+
+def launch_quote(
+    *, user, account: Account, catalog: dict, gpu_model: str, profile: str
+) -> LaunchQuote | None:
+    """The price, card burn, runway and whether it starts now; None when that choice has no price.
+    Prices and what is free come from the (cached) catalog; the funds, queue and budgets are the user's."""
+    offer = _offer(catalog, gpu_model=gpu_model, profile=profile)
+    if offer is None or offer["price"] is None:
         return None
+    price = offer["price"]
+    quote = Rate(price["price_micros_per_hour"], price["card_burn_micros_per_hour"])
     funds = billing_selectors.account_funds(account=account, gpu_model=gpu_model or None)
     seconds = 0.0
     if quote.card_burn_micros_per_hour and funds.cards_micros > 0:
@@ -98,28 +115,23 @@ def launch_quote(*, user, account: Account, gpu_model: str, profile: str) -> Lau
     if quote.price_micros_per_hour and funds.available_micros > 0:
         seconds += funds.available_micros / quote.price_micros_per_hour * 3600
     runway = int(seconds) if quote.price_micros_per_hour or quote.card_burn_micros_per_hour else None
+    waiting = Session.objects.filter(state=S.QUEUED)
     if profile == "cpu":
-        free = Node.objects.filter(state=Node.State.ACTIVE).count()
-        ahead = Session.objects.filter(state=S.QUEUED, gpu_model__isnull=True).count()
+        ahead = waiting.filter(gpu_model__isnull=True).count()
     else:
-        free = prov_selectors.availability().get((gpu_model, profile), 0)
-        ahead = Session.objects.filter(state=S.QUEUED, gpu_model__name=gpu_model).count()
+        ahead = waiting.filter(gpu_model__name=gpu_model).count()
+    lower = price.get("interruptible")
     return LaunchQuote(
         price_micros_per_hour=quote.price_micros_per_hour,
         card_burn_micros_per_hour=quote.card_burn_micros_per_hour,
         runway_seconds=runway,
-        available_now=free if not ahead else 0,
+        available_now=offer["available"] if not ahead else 0,
         queue_ahead=ahead,
         budgets=_budgets_left(user=user, account=account, quote=quote),
-        interruptible=_interruptible_quote(gpu_model=gpu_model, profile=profile),
+        interruptible=Rate(lower["price_micros_per_hour"], lower["card_burn_micros_per_hour"])
+        if lower
+        else None,
     )
-
-
-def _interruptible_quote(*, gpu_model: str, profile: str) -> PriceQuote | None:
-    try:
-        return price_quote(gpu_model=gpu_model, profile=profile, tier=INTERRUPTIBLE)
-    except NotFound:
-        return None
 
 
 def _launch_choice(request: HttpRequest, catalog: dict) -> dict:
@@ -188,6 +200,7 @@ def launch(request: HttpRequest) -> HttpResponse:
         quote = launch_quote(
             user=request.user,
             account=account,
+            catalog=catalog,
             gpu_model="" if choice["profile"] == "cpu" else choice["gpu_model"],
             profile=choice["profile"],
         )

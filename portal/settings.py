@@ -125,6 +125,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "portal.middleware.ServerTimingMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -198,7 +199,12 @@ if not LOCAL_PASSWORDS and not OIDC_ISSUER:
     _fail("LOCAL_PASSWORDS=0 turns off the only way to log in: set OIDC_ISSUER as well.")
 AUTHENTICATION_BACKENDS = [
     *(["portal.oidc.SsoBackend"] if OIDC_ISSUER else []),
-    *(["django.contrib.auth.backends.ModelBackend"] if LOCAL_PASSWORDS else []),
+    # PasswordBackend reads the user with their account; ModelBackend stays for sessions made before it.
+    *(
+        ["portal.backends.PasswordBackend", "django.contrib.auth.backends.ModelBackend"]
+        if LOCAL_PASSWORDS
+        else []
+    ),
 ]
 OIDC_AUTHENTICATE_CLASS = "portal.oidc.SsoAuthenticateView"
 OIDC_CALLBACK_CLASS = "portal.oidc.SsoCallbackView"
@@ -324,6 +330,9 @@ try:
     SESSION_IDLE_COUNT_CONNECTED = env("SESSION_IDLE_COUNT_CONNECTED", True)
     SESSION_NOTICES_POLL_SECONDS = env("SESSION_NOTICES_POLL_SECONDS", 20)  # JupyterLab asks this often
     QUEUE_MAX_WAIT_SECONDS = env("QUEUE_MAX_WAIT_SECONDS", 3600)
+    # The catalog (prices, availability) is cached for everyone and dropped on every change that alters
+    # it; this bounds the life of an entry a missed change left stale (provisioner/catalog_cache.py).
+    CATALOG_CACHE_SECONDS = env("CATALOG_CACHE_SECONDS", 30)
     # A multi-GPU session waiting this long reserves the node it fits best on (docs/PLACEMENT.md).
     QUEUE_LARGE_RESERVE_SECONDS = env("QUEUE_LARGE_RESERVE_SECONDS", 600)
     QUOTA_DEFAULT_MAX_EIGHTHS = env("QUOTA_DEFAULT_MAX_EIGHTHS", 16)

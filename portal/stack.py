@@ -88,8 +88,14 @@ def main() -> None:
                 f"WARNING: notebooks run UNSANDBOXED on this machine: {exc}. "
                 "That is safe for a single-user demo only."
             )
+    # uvicorn runs this many web processes (its --workers default); each takes its share of the
+    # database connections (portal/asgi.py).
+    os.environ.setdefault("WEB_CONCURRENCY", str(os.cpu_count() or 1))
     honcho = shutil.which("honcho", path=str(Path(sys.executable).parent)) or "honcho"
-    _say(f"starting web, worker and beat; open {os.environ['SITE_URL']}/ (Ctrl-C stops everything)")
+    _say(
+        f"starting web ({os.environ['WEB_CONCURRENCY']} processes), worker and beat; "
+        f"open {os.environ['SITE_URL']}/ (Ctrl-C stops everything)"
+    )
     os.execv(honcho, [honcho, "start", "-f", str(ROOT / "Procfile"), "-d", str(ROOT)])  # noqa: S606
 
 

@@ -78,7 +78,7 @@ def _signed_up(request: HttpRequest, done: signup_services.Signup) -> HttpRespon
     if done.verification_sent:
         request.session[PENDING_USER_KEY] = done.user.pk
         return _pending_page(request, done.user)
-    login(request, done.user, backend="django.contrib.auth.backends.ModelBackend")
+    login(request, done.user, backend="portal.backends.PasswordBackend")
     messages.success(request, _("Welcome to Suanli, %(name)s.") % {"name": done.user.username})
     if done.code_error:
         messages.error(
@@ -137,7 +137,7 @@ def signup_verify(request: HttpRequest, token: str) -> HttpResponse:
         messages.error(request, exc.message)
         return redirect("login")
     request.session.pop(PENDING_USER_KEY, None)
-    login(request, user, backend="django.contrib.auth.backends.ModelBackend")
+    login(request, user, backend="portal.backends.PasswordBackend")
     messages.success(
         request, _("Your email is confirmed. Welcome to Suanli, %(name)s.") % {"name": user.username}
     )

@@ -12,6 +12,20 @@ class ProvisionerConfig(AppConfig):
         signals.runway_low.connect(_on_runway_low, dispatch_uid="provisioner.runway_low")
         signals.runway_recovered.connect(_on_runway_recovered, dispatch_uid="provisioner.runway_recovered")
         signals.metered.connect(_on_metered, dispatch_uid="provisioner.metered.budgets")
+        _catalog_signals_connect()
+
+
+def _catalog_signals_connect() -> None:
+    from django.db.models.signals import post_delete, post_save
+
+    from billing.models import CardBurnRate, Price
+    from provisioner.catalog_cache import on_offer_saved
+    from provisioner.models import Device, Environment, GpuModel, Node, Profile
+
+    for model in (GpuModel, Profile, Environment, Price, CardBurnRate, Device):
+        post_save.connect(on_offer_saved, sender=model, dispatch_uid=f"catalog.saved.{model.__name__}")
+    for model in (GpuModel, Profile, Environment, Price, CardBurnRate, Node, Device):
+        post_delete.connect(on_offer_saved, sender=model, dispatch_uid=f"catalog.deleted.{model.__name__}")
 
 
 def _on_funds_exhausted(sender, session_refs: list[str] | None = None, **kwargs) -> None:

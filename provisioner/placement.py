@@ -511,6 +511,8 @@ def _try_take(session_id, eligible, choice: Choice, *, skip_locked: bool) -> int
     """
     from django.db import IntegrityError, connection, transaction
 
+    from provisioner.catalog_cache import catalog_changed
+
     try:
         with transaction.atomic():
             locked = (
@@ -535,6 +537,7 @@ def _try_take(session_id, eligible, choice: Choice, *, skip_locked: bool) -> int
                 rows = cursor.fetchall()
             if not rows:
                 raise _Taken
+            catalog_changed()  # what is free now
             return rows[0][0]
     except (_Taken, IntegrityError):
         return None
@@ -668,7 +671,10 @@ def cpu_node_pick():
 
 def allocation_free(*, session_id) -> bool:
     """Free the session's slots (idempotent). Returns whether anything was freed."""
+    from provisioner.catalog_cache import catalog_changed
     from provisioner.models import Allocation
 
     deleted, _ = Allocation.objects.filter(session_id=session_id).delete()
+    if deleted:
+        catalog_changed()
     return bool(deleted)

@@ -8,16 +8,19 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime
 
+from django.conf import settings
+from django.core.cache import cache
 from django.db.models import Count, F, Q, QuerySet, Window
 from django.db.models.functions import RowNumber
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from billing.models import Account
+from billing.models import Account, CardBurnRate, Price
 from billing.rules import accounts_payable_by
 from billing.services.pricing import INTERRUPTIBLE, ON_DEMAND, price_quote
 from core.errors import NotFound
 from provisioner import quotas
+from provisioner.catalog_cache import catalog_version
 from provisioner.models import (
     SLOTS_PER_GPU,
     Allocation,
@@ -333,7 +336,34 @@ def profiles_offered(*, gpu_model: GpuModel, profiles: dict[str, Profile]) -> li
 
 def catalog() -> dict:
     """Models with their offered profiles (``gpu_count``: the whole GPUs one takes), environments, prices
-    (from billing) and availability now."""
+    (from billing) and availability now: from the cache, built when a change made it stale (see
+    ``provisioner.catalog_cache``)."""
+    key = f"catalog:{catalog_version()}"
+    found = cache.get(key)
+    if found is None:
+        found = catalog_build()
+        cache.set(key, found, timeout=_catalog_lifetime())
+    return found
+
+
+def _catalog_lifetime() -> int:
+    """``CATALOG_CACHE_SECONDS``, and never past the moment a price or burn rate set for later applies."""
+    lifetime = settings.CATALOG_CACHE_SECONDS
+    now = timezone.now()
+    later = [
+        model.objects.filter(effective_from__gt=now)
+        .order_by("effective_from")
+        .values_list("effective_from", flat=True)
+        .first()
+        for model in (Price, CardBurnRate)
+    ]
+    for moment in filter(None, later):
+        lifetime = min(lifetime, max(1, int((moment - now).total_seconds()) + 1))
+    return lifetime
+
+
+def catalog_build() -> dict:
+    """The catalog as the database has it now (``catalog`` keeps it cached)."""
     free = availability()
     profiles = {p.name: p for p in Profile.objects.all()}
     models = []

@@ -15,7 +15,9 @@ def _compose() -> dict:
 def test_compose_runs_every_production_process():
     services = _compose()["services"]
     assert {"postgres", "redis", "web", "worker", "beat", "agent", "migrate"} <= set(services)
-    assert services["web"]["command"][:2] == ["uvicorn", "portal.asgi:application"]
+    web = services["web"]["command"]
+    assert web[:2] == ["sh", "-c"] and web[2].startswith("exec uvicorn portal.asgi:application ")
+    assert '--workers "${WEB_CONCURRENCY:-$(nproc)}"' in web[2].replace("$$", "$")  # one per core by default
     assert services["worker"]["command"][:4] == ["celery", "-A", "portal", "worker"]
     assert services["beat"]["command"][:4] == ["celery", "-A", "portal", "beat"]
     assert services["agent"]["command"] == ["python", "-m", "agents"]

@@ -22,6 +22,7 @@ from django.utils.dateparse import parse_datetime
 
 from billing.services.metering import meter_alive
 from core.errors import Conflict, ValidationFailed
+from provisioner.catalog_cache import catalog_changed
 from provisioner.messages import message
 from provisioner.models import (
     SLOTS_PER_GPU,
@@ -334,7 +335,7 @@ def _record_inventory(
             for key, value in fields.items():
                 setattr(device, key, value)
             device.last_seen_at = now
-            device.save()
+            device.save()  # a device came or changed: its post_save drops the cached catalog
         by_uuid[device.uuid] = device
         return device
 
@@ -371,6 +372,7 @@ def _record_inventory(
     gone = [d.id for u, d in existing.items() if u not in by_uuid and d.health != Device.Health.MISSING]
     if gone:
         Device.objects.filter(id__in=gone).update(health=Device.Health.MISSING)
+        catalog_changed()
     return by_uuid
 
 
@@ -625,6 +627,7 @@ def heartbeat_record(*, node: Node, body) -> HeartbeatAnswer:
         if node.state == Node.State.DOWN:
             node.state = node.state_before_down or Node.State.ACTIVE
             node.state_before_down = ""
+            catalog_changed()
         node.save()
         desired = desired_workloads(node=node)
     return HeartbeatAnswer(desired, settings.AGENT_HEARTBEAT_INTERVAL_SECONDS)
@@ -643,6 +646,7 @@ def nodes_liveness_sweep(*, now: datetime | None = None) -> list[str]:
             )
             if not moved:
                 continue
+            catalog_changed()
             lifecycle.node_sessions_lost(
                 node=node,
                 reason=message("node_silent", node=node.name, time=f"{node.last_heartbeat_at:%H:%M:%S}"),

@@ -11,6 +11,7 @@ from django.utils.translation import gettext_lazy
 
 from billing.audit import audit_record
 from core.errors import Conflict, NotFound, ValidationFailed
+from provisioner.catalog_cache import catalog_changed
 from provisioner.messages import message
 from provisioner.models import Allocation, AllocationSlot, Device, Node, Session
 from provisioner.sealing import new_token, seal, token_hash, unseal
@@ -54,6 +55,7 @@ def node_enroll(*, name: str, address: str, labels: dict | None = None, actor=No
         if labels is not None:
             node.labels = labels
         node.save()
+        catalog_changed()
         audit_record(
             actor=actor,
             action="node.enroll" if created else "node.token_rotate",
@@ -117,6 +119,7 @@ def node_set_state(*, node_id: int, action: str, actor=None, reason: str = "") -
         else:
             node.state = target
         node.save(update_fields=["state", "state_before_down"])
+        catalog_changed()
         audit_record(
             actor=actor,
             action=f"node.{action}",
@@ -149,6 +152,7 @@ def device_set_sharing_policy(*, device_id: int, sharing_policy: str, actor=None
         before = {"sharing_policy": device.sharing_policy}
         device.sharing_policy = sharing_policy
         device.save(update_fields=["sharing_policy"])
+        catalog_changed()
         audit_record(
             actor=actor,
             action="device.sharing_policy",
@@ -169,6 +173,8 @@ def device_force_free(*, device_id: int, actor=None, reason: str = "") -> int:
         freed = Allocation.objects.filter(id__in=on_device, session__state__in=Session.ENDED)
         ids = list(freed.values_list("session_id", flat=True))
         count, _by_model = freed.delete()
+        if count:
+            catalog_changed()
         if ids:
             device = Device.objects.get(id=device_id)
             audit_record(
