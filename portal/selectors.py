@@ -53,13 +53,16 @@ class MemberSpend:
     usage: quotas.Usage
 
 
-def team_member_spend(*, team: Team, user_id: int | None = None) -> list[MemberSpend]:
+def team_member_spend(
+    *, team: Team, user_id: int | None = None, members: dict | None = None
+) -> list[MemberSpend]:
     """Every member of ``team`` (or the one with ``user_id``) with their spend on its account this month
     and their cap, by role and name."""
     memberships = team.memberships.select_related("user").order_by("role", "user__username")
     if user_id is not None:
         memberships = memberships.filter(user_id=user_id)
-    members = quotas.members_of_account(account=team.account)
+    if members is None:
+        members = quotas.members_of_account(account=team.account)
     nothing = (quotas.Limits(None, None, None, None, None, None), quotas.Usage(0, 0, 0))
     return [MemberSpend(m, *members.get(m.user_id, nothing)) for m in memberships]
 
@@ -68,12 +71,13 @@ def team_overview(*, team: Team) -> dict:
     """A team's wallet and cards, its quota and what it uses of it, and each member's spend this month
     with their cap (the caps a team admin sets inside the team's quota)."""
     account = team.account
+    use = quotas.account_use(account=account)
     return {
         "team_funds": billing_selectors.account_funds(account=account),
         "team_cards": billing_selectors.usable_cards(account=account).count(),
-        "team_limits": quotas.limits_for_account(account=account),
-        "team_usage": quotas.usage_of_account(account=account),
-        "member_rows": team_member_spend(team=team),
+        "team_limits": use.limits,
+        "team_usage": use.usage,
+        "member_rows": team_member_spend(team=team, members=use.members),
     }
 
 

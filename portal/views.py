@@ -307,13 +307,13 @@ def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
     context = {
         "team": team,
         "membership": membership,
-        "members": team.memberships.select_related("user").order_by("role", "user__username"),
         "invites": selectors.team_open_invites(team=team) if membership.manages_team else [],
         "invite_form": invite_form,
         "roles": Membership.Role.choices,
         "join_base": request.build_absolute_uri(reverse("team_join")),
     }
     context |= selectors.team_overview(team=team)
+    context["members"] = [row.membership for row in context["member_rows"]]  # by role, then name
     return render(request, "portal/team_detail.html", context)
 
 

@@ -12,7 +12,7 @@ from datetime import datetime
 from functools import reduce
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import CharField, Count, Q, Sum
 from django.db.models.functions import Cast
 from django.utils import timezone
@@ -124,37 +124,59 @@ def usage_of_member(*, user, account: Account) -> Usage:
     return _usage(Session.objects.filter(owner=user, account=account))
 
 
+# Each owner's live sessions and eighths, and this month's spend and card burn, on one account: one pass
+# over its sessions that are live or began this month, with their meters (one per session).
+_ACCOUNT_USE = """
+SELECT s.owner_id,
+       count(*) FILTER (WHERE s.state = ANY(%(live)s)),
+       COALESCE(sum(p.quota_eighths) FILTER (WHERE s.state = ANY(%(live)s)), 0)::bigint,
+       COALESCE(sum(m.charged_micros + m.accrued_micros) FILTER (WHERE s.created_at >= %(month)s), 0)::bigint,
+       COALESCE(sum(m.card_charged_micros) FILTER (WHERE s.created_at >= %(month)s), 0)::bigint
+FROM provisioner_session s
+JOIN provisioner_profile p ON p.id = s.profile_id
+LEFT JOIN billing_meter m ON m.session_ref = s.id::text
+WHERE s.account_id = %(account)s AND (s.state = ANY(%(live)s) OR s.created_at >= %(month)s)
+GROUP BY s.owner_id
+"""
+
+
+@dataclass(frozen=True)
+class AccountUse:
+    """A team account's own limits and use, and each member's cap inside it and use of it."""
+
+    limits: Limits
+    usage: Usage
+    members: dict[int, tuple[Limits, Usage]]  # users missing here have no cap and no use
+
+
+def account_use(*, account: Account) -> AccountUse:
+    """``limits_for_account``, ``usage_of_account`` and ``members_of_account`` at once, in two queries
+    however many members and sessions: the account's quota rows, and one pass over its sessions."""
+    rows = list(Quota.objects.filter(account=account))
+    own = next((q for q in rows if q.user_id is None), None)
+    caps = {q.user_id: _overlay(_no_limits(), q) for q in rows if q.user_id is not None}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _ACCOUNT_USE, {"account": account.pk, "live": list(Session.LIVE), "month": month_start()}
+        )
+        used = {owner: Usage(*figures) for owner, *figures in cursor.fetchall()}
+    nothing = Usage(0, 0, 0)
+    members = {
+        user: (caps.get(user, _no_limits()), used.get(user, nothing)) for user in caps.keys() | used.keys()
+    }
+    total = Usage(
+        sum(u.sessions for u in used.values()),
+        sum(u.eighths for u in used.values()),
+        sum(u.spend_micros for u in used.values()),
+        sum(u.card_micros for u in used.values()),
+    )
+    return AccountUse(_overlay(_no_limits(), own), total, members)
+
+
 def members_of_account(*, account: Account) -> dict[int, tuple[Limits, Usage]]:
     """For every user with sessions or a cap on a team ``account``: their cap inside it and their use of
-    it (``limits_for_member`` and ``usage_of_member`` for all at once, in four queries however many
-    members). Users missing from the answer have no cap and no use."""
-    caps = {
-        q.user_id: _overlay(_no_limits(), q)
-        for q in Quota.objects.filter(account=account, user__isnull=False)
-    }
-    sessions = Session.objects.filter(account=account)
-    live = {
-        row["owner_id"]: row
-        for row in sessions.filter(state__in=Session.LIVE)
-        .values("owner_id")
-        .annotate(count=Count("id"), eighths=Sum("profile__quota_eighths"))
-    }
-    owner_of = dict(
-        sessions.filter(created_at__gte=month_start())
-        .annotate(ref=Cast("id", CharField()))
-        .values_list("ref", "owner_id")
-    )
-    spent: dict[int, int] = {}
-    for ref, charged, accrued in Meter.objects.filter(session_ref__in=list(owner_of)).values_list(
-        "session_ref", "charged_micros", "accrued_micros"
-    ):
-        spent[owner_of[ref]] = spent.get(owner_of[ref], 0) + charged + accrued
-    members = {}
-    for user_id in caps.keys() | live.keys() | spent.keys():
-        row = live.get(user_id, {})
-        usage = Usage(row.get("count", 0), row.get("eighths") or 0, spent.get(user_id, 0))
-        members[user_id] = (caps.get(user_id, _no_limits()), usage)
-    return members
+    it (``limits_for_member`` and ``usage_of_member`` for all at once; see ``account_use``)."""
+    return account_use(account=account).members
 
 
 # One whole sentence per subject and limit, never a translated subject spliced into a translated
