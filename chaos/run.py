@@ -240,6 +240,15 @@ def _write_report(
         f"{t.heartbeat_seconds} s, node liveness {t.node_liveness_seconds} s (swept every "
         f"{t.liveness_sweep_seconds:g} s), agent HTTP timeout {t.agent_http_timeout_seconds:g} s.",
         "",
+        'What users are promised while a fault lasts (the checks under "What the users saw" hold the run '
+        "to it): no answer >= 500 from the portal, only no answer at all while the web process itself "
+        "restarts, and the Jupyter proxy's 502 while a session's node is down; with Redis down the cache and "
+        "the throttles fail open (logged once per outage), logins live in PostgreSQL so nobody is logged "
+        "out, and a launch or stop is committed and answered though its task cannot be queued (the agents' "
+        "heartbeats carry the desired workloads); a WebSocket dropped by a web restart reconnects to the "
+        "same kernel. Probes: `/livez` (liveness, answered before Django), `/readyz` (each dependency with "
+        "its latency; 503 only without the database), `/healthz` (its older name).",
+        "",
         "## Faults injected",
         "",
         "| fault | planned | injected | how |",
