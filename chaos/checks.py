@@ -378,6 +378,8 @@ def no_orphans(agents: dict[str, Agent]) -> Check:
 # --- what the users saw (the traffic's own record, judged against the fault log) -------------------------
 
 WEB_RESTART_SLACK_SECONDS = 2.0  # requests in flight when web went, and the first ones as it comes back
+# An open WebSocket whose node's agent dies is closed by the proxy: the kernel's gateway is gone.
+NODE_GONE_DROPS = ("ConnectionClosedError", "ConnectionClosedOK")
 
 
 def _windows(faults: list[Fault], kinds: tuple[str, ...], slack: float) -> list[tuple[str, float, float]]:
@@ -390,8 +392,9 @@ def _windows(faults: list[Fault], kinds: tuple[str, ...], slack: float) -> list[
 
 def users_no_server_errors(traffic: Traffic, faults: list[Fault], timings: Timings) -> Check:
     """No answer >= 500 and no connection error, but for two causes a user cannot be spared: the web
-    process itself restarting (no answer at all while it is gone), and the Jupyter proxy's 502 while the
-    session's node is down or slower than the proxy waits (its JupyterLab really is unreachable)."""
+    process itself restarting (no answer at all while it is gone), and the Jupyter proxy's 502 (or an
+    open WebSocket dropped) while the session's node is down or slower than the proxy waits: its
+    JupyterLab really is unreachable."""
     from provisioner.models import Session
 
     web = _windows(faults, ("web-restart",), WEB_RESTART_SLACK_SECONDS)
@@ -411,8 +414,8 @@ def users_no_server_errors(traffic: Traffic, faults: list[Fault], timings: Timin
         if not answered and any(start <= f.at <= end for _, start, end in web):
             excused_web += 1
         elif (
-            f.outcome == "502"
-            and "/jupyter/" in f.endpoint
+            "/jupyter/" in f.endpoint
+            and f.outcome in ("502", *NODE_GONE_DROPS)
             and any(
                 node == nodes.get(f.session_id or "") and start <= f.at <= end
                 for node, start, end in node_down
@@ -425,9 +428,9 @@ def users_no_server_errors(traffic: Traffic, faults: list[Fault], timings: Timin
     return _verdict(
         "users: no answer >= 500; no connection error but while web restarts",
         bad,
-        f"{answers} answers >= 500, all 502 from the Jupyter proxy while the session's node was down or slow "
-        f"({excused_node}); {len(traffic.failures) - answers} connection errors, "
-        f"{excused_web} of them while web restarted",
+        f"{answers} answers >= 500 and {len(traffic.failures) - answers} connection errors: "
+        f"{excused_web} while web restarted, {excused_node} from the Jupyter proxy while the session's node "
+        "was down or slow (502, or its open WebSocket dropped); none from a Redis restart",
         "failures (when, endpoint, outcome)",
     )
 
