@@ -1,5 +1,6 @@
-"""What must hold after a chaos run, read from the database alone (plus each agent's own list of its
-workloads, for orphans). Every check returns a ``Check``; none raises on a finding.
+"""What must hold after a chaos run, read from the database (plus each agent's own list of its workloads,
+for orphans, and, for what the users saw, the traffic's own record of its failures, logouts and kernel
+reconnects). Every check returns a ``Check``; none raises on a finding.
 
 The times of the faults (when an agent was killed) come from the injector's records, taken on the
 database clock; everything the checks judge (states, meters, transfers, slots) is in the database.
@@ -7,6 +8,7 @@ database clock; everything the checks judge (states, meters, transfers, slots) i
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -15,6 +17,7 @@ from django.db import connection
 from billing.models import CARD_UNIT
 from chaos.faults import Fault
 from chaos.stack import Agent, Timings
+from chaos.traffic import Traffic
 
 SAMPLES = 5  # offending rows quoted per failed check
 
@@ -370,6 +373,98 @@ def no_orphans(agents: dict[str, Agent]) -> Check:
         f"{len(agents)} agents asked, {listed} live workloads between them",
         "findings",
     )
+
+
+# --- what the users saw (the traffic's own record, judged against the fault log) -------------------------
+
+WEB_RESTART_SLACK_SECONDS = 2.0  # requests in flight when web went, and the first ones as it comes back
+# An open WebSocket whose node's agent dies is closed by the proxy: the kernel's gateway is gone.
+NODE_GONE_DROPS = ("ConnectionClosedError", "ConnectionClosedOK")
+
+
+def _windows(faults: list[Fault], kinds: tuple[str, ...], slack: float) -> list[tuple[str, float, float]]:
+    return [
+        (f.target, f.at.timestamp() - slack, (f.until or f.at).timestamp() + slack)
+        for f in faults
+        if f.kind in kinds
+    ]
+
+
+def users_no_server_errors(traffic: Traffic, faults: list[Fault], timings: Timings) -> Check:
+    """No answer >= 500 and no connection error, but for two causes a user cannot be spared: the web
+    process itself restarting (no answer at all while it is gone), and the Jupyter proxy's 502 (or an
+    open WebSocket dropped) while the session's node is down or slower than the proxy waits: its
+    JupyterLab really is unreachable."""
+    from provisioner.models import Session
+
+    web = _windows(faults, ("web-restart",), WEB_RESTART_SLACK_SECONDS)
+    node_down = _windows(
+        faults, ("agent-kill", "agent-delay"), timings.node_liveness_seconds + timings.heartbeat_seconds
+    )
+    nodes = dict(
+        Session.objects.filter(id__in={f.session_id for f in traffic.failures if f.session_id}).values_list(
+            "id", "node__name"
+        )
+    )
+    nodes = {str(k): v for k, v in nodes.items()}
+    excused_web = excused_node = 0
+    bad = []
+    for f in traffic.failures:
+        answered = f.outcome.isdigit()
+        if not answered and any(start <= f.at <= end for _, start, end in web):
+            excused_web += 1
+        elif (
+            "/jupyter/" in f.endpoint
+            and f.outcome in ("502", *NODE_GONE_DROPS)
+            and any(
+                node == nodes.get(f.session_id or "") and start <= f.at <= end
+                for node, start, end in node_down
+            )
+        ):
+            excused_node += 1
+        else:
+            bad.append((time.strftime("%H:%M:%S", time.localtime(f.at)), f.endpoint, f.outcome))
+    answers = sum(1 for f in traffic.failures if f.outcome.isdigit())
+    return _verdict(
+        "users: no answer >= 500; no connection error but while web restarts",
+        bad,
+        f"{answers} answers >= 500 and {len(traffic.failures) - answers} connection errors: "
+        f"{excused_web} while web restarted, {excused_node} from the Jupyter proxy while the session's node "
+        "was down or slow (502, or its open WebSocket dropped); none from a Redis restart",
+        "failures (when, endpoint, outcome)",
+    )
+
+
+def users_stayed_logged_in(traffic: Traffic, faults: list[Fault]) -> Check:
+    redis = [f for f in faults if f.kind == "redis-restart"]
+    return _verdict(
+        "users: nobody logged out (no redirect to the login page, no 401/403 for a valid token)",
+        [(time.strftime("%H:%M:%S", time.localtime(at)), name, what) for at, name, what in traffic.logouts],
+        f"0 logouts across {len(redis)} Redis restarts and "
+        f"{sum(1 for f in faults if f.kind == 'web-restart')} web restarts",
+        "logouts (when, endpoint, what)",
+    )
+
+
+def users_kernels_outlive_reconnects(traffic: Traffic) -> Check:
+    ws = traffic.ws
+    findings = [("kernel changed", k) for k in ws.kernels_changed]
+    if ws.reconnects == 0:
+        findings.append(("no reconnect happened", "the web restarts did not reach a WebSocket"))
+    return _verdict(
+        "WebSockets: every reconnect finds the same kernel",
+        findings,
+        f"{ws.connects} connections, {ws.reconnects} reconnects, {ws.kernels_kept} to the same kernel",
+        "findings",
+    )
+
+
+def users_checks(traffic: Traffic, faults: list[Fault], timings: Timings) -> list[Check]:
+    return [
+        users_no_server_errors(traffic, faults, timings),
+        users_stayed_logged_in(traffic, faults),
+        users_kernels_outlive_reconnects(traffic),
+    ]
 
 
 def run_all(*, faults: list[Fault], timings: Timings, agents: dict[str, Agent]) -> list[Check]:

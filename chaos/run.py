@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
 
         plan = Plan.short() if args.short else Plan.full()
         seed_catalog()
-        users = seed_users(users_count, prefix="chaos", wallet_micros=50_000_000, cards=2)
+        seeded = seed_users(users_count, prefix="chaos", wallet_micros=50_000_000, cards=2)
         _say("starting web, two workers, beat and three agents")
         stack.start_web()
         stack.start_worker(0)
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
             stack.enrol_agent(node, FLEETS / fleet, delayed=delayed)
         _wait_inventory(stack)
         traffic = Traffic(
-            base_url=stack.url, users=users, ws_users=2, cookie_name=settings.SESSION_COOKIE_NAME
+            base_url=stack.url, users=seeded, ws_users=2, cookie_name=settings.SESSION_COOKIE_NAME
         )
         traffic.start()
         time.sleep(10 if args.short else 20)
@@ -83,14 +83,16 @@ def main(argv: list[str] | None = None) -> int:
         injector.run()
         _say("faults over; users leave, every session is stopped")
         traffic.stop()
-        _settle(stack, users)
+        _settle(stack, seeded)
         _say("checking")
         results = checks.run_all(faults=injector.faults, timings=timings, agents=stack.agents)
+        users = checks.users_checks(traffic, injector.faults, timings)
         results += _fault_checks(injector, plan)
         _write_report(
-            report, variant=variant, plan=plan, injector=injector, results=results, traffic=traffic,
-            stack=stack, seconds=time.monotonic() - started, users=len(users),
+            report, variant=variant, plan=plan, injector=injector, results=results, users_results=users,
+            traffic=traffic, stack=stack, seconds=time.monotonic() - started, users=len(seeded),
         )  # fmt: skip
+        results += users
     finally:
         _say("stopping the stack")
         stack.shutdown()
@@ -196,10 +198,12 @@ def _endings() -> list[tuple[str, str, int]]:
     return [(state, why, n) for (state, why), n in folded.most_common()]
 
 
-def _write_report(path: Path, *, variant, plan, injector, results, traffic, stack, seconds, users) -> None:
+def _write_report(
+    path: Path, *, variant, plan, injector, results, users_results, traffic, stack, seconds, users
+) -> None:
     now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     t = stack.timings
-    verdict = "all checks passed" if all(r.passed for r in results) else "CHECKS FAILED"
+    verdict = "all checks passed" if all(r.passed for r in results + users_results) else "CHECKS FAILED"
     planned = {
         "worker-kill": (
             plan.worker_kills,
@@ -236,6 +240,15 @@ def _write_report(path: Path, *, variant, plan, injector, results, traffic, stac
         f"{t.heartbeat_seconds} s, node liveness {t.node_liveness_seconds} s (swept every "
         f"{t.liveness_sweep_seconds:g} s), agent HTTP timeout {t.agent_http_timeout_seconds:g} s.",
         "",
+        'What users are promised while a fault lasts (the checks under "What the users saw" hold the run '
+        "to it): no answer >= 500 from the portal, only no answer at all while the web process itself "
+        "restarts, and the Jupyter proxy's 502 while a session's node is down; with Redis down the cache and "
+        "the throttles fail open (logged once per outage), logins live in PostgreSQL so nobody is logged "
+        "out, and a launch or stop is committed and answered though its task cannot be queued (the agents' "
+        "heartbeats carry the desired workloads); a WebSocket dropped by a web restart reconnects to the "
+        "same kernel. Probes: `/livez` (liveness, answered before Django), `/readyz` (each dependency with "
+        "its latency; 503 only without the database), `/healthz` (its older name).",
+        "",
         "## Faults injected",
         "",
         "| fault | planned | injected | how |",
@@ -252,7 +265,10 @@ def _write_report(path: Path, *, variant, plan, injector, results, traffic, stac
     lines += ["| --- | --- | --- |"]
     for r in results:
         lines.append(f"| {r.name} | {'pass' if r.passed else '**FAIL**'} | {r.detail.replace('|', '/')} |")
-    lines += ["", "## What the users saw", "", "| endpoint | ok | errors |", "| --- | ---: | --- |"]
+    lines += ["", "## What the users saw", "", "| check | result | detail |", "| --- | --- | --- |"]
+    for r in users_results:
+        lines.append(f"| {r.name} | {'pass' if r.passed else '**FAIL**'} | {r.detail.replace('|', '/')} |")
+    lines += ["", "| endpoint | ok | errors |", "| --- | ---: | --- |"]
     for name, e in sorted(traffic.endpoints.items()):
         errors = ", ".join(f"{k} × {v}" for k, v in e.errors.most_common()) or "0"
         lines.append(f"| `{name}` | {e.ok} | {errors} |")
@@ -260,9 +276,11 @@ def _write_report(path: Path, *, variant, plan, injector, results, traffic, stac
     lines += [
         "",
         f"Sessions launched: {len(traffic.launched)}, reached running: {len(traffic.ran)}. Kernel "
-        f"WebSockets: {ws.connects} connections, {ws.drops} drops, {ws.round_trips} `kernel_info` round "
-        "trips. Errors above are what the faults cost users (requests during a web or Redis restart); the "
-        "checks are what must hold.",
+        f"WebSockets: {ws.connects} connections, {ws.drops} drops, {ws.reconnects} reconnects "
+        f"({ws.kernels_kept} to the same kernel), {ws.round_trips} `kernel_info` round trips. Logouts: "
+        f"{len(traffic.logouts)}. Errors above are what the faults cost users: no answer while web "
+        "restarts, 502 from the Jupyter proxy while a session's node is down, and refusals that are real "
+        "answers (a 409 for a session that ended with its node); the checks say which are allowed.",
         "",
         "How the sessions ended:",
         "",

@@ -44,6 +44,19 @@ class WsStats:
     drops: int = 0
     ok_at: list[float] = field(default_factory=list)  # wall-clock times of answered round trips
     open_now: int = 0
+    reconnects: int = 0  # connections to a kernel after its first one
+    kernels_kept: int = 0  # reconnects that answered from the same kernel process
+    kernels_changed: list[str] = field(default_factory=list)  # kernel ids that answered from another
+
+
+@dataclass
+class Failure:
+    """A request that got no answer or an answer >= 500, when (wall clock) and on which session."""
+
+    at: float
+    endpoint: str
+    outcome: str  # the status code, or the exception's name when no answer came
+    session_id: str | None = None
 
 
 class Traffic:
@@ -57,6 +70,8 @@ class Traffic:
         self.ws = WsStats()
         self.launched: list[str] = []
         self.ran: set[str] = set()
+        self.failures: list[Failure] = []  # no answer, or an answer >= 500
+        self.logouts: list[tuple[float, str, str]] = []  # (when, endpoint, what): a login that was lost
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="traffic", daemon=True)
 
@@ -115,13 +130,23 @@ class Traffic:
                 await self._use_http(browser, session_id, use_seconds)
         await self._stop(api, session_id)
 
-    async def _request(self, name: str, client, method: str, url: str, *, ok=(200,), **kwargs):
+    async def _request(
+        self, name: str, client, method: str, url: str, *, ok=(200,), session_id: str | None = None, **kwargs
+    ):
         try:
             response = await client.request(method, url, **kwargs)
         except httpx.HTTPError as exc:
             self._count(name, type(exc).__name__)
+            self.failures.append(Failure(time.time(), name, type(exc).__name__, session_id))
             return None
-        self._count(name, None if response.status_code in ok else str(response.status_code))
+        status = response.status_code
+        self._count(name, None if status in ok else str(status))
+        if status >= 500:
+            self.failures.append(Failure(time.time(), name, str(status), session_id))
+        if status in (301, 302) and "/login" in response.headers.get("location", ""):
+            self.logouts.append((time.time(), name, f"{status} to the login page"))
+        elif status in (401, 403) and url.startswith("/api/"):
+            self.logouts.append((time.time(), name, f"{status} for a valid token"))
         return response
 
     async def _launch(self, api, model: str, profile: str) -> str | None:
@@ -147,7 +172,11 @@ class Traffic:
         state = "unknown"
         while time.monotonic() < deadline and not self._stopping.is_set():
             response = await self._request(
-                "GET /api/v1/sessions/<id>", api, "GET", f"/api/v1/sessions/{session_id}"
+                "GET /api/v1/sessions/<id>",
+                api,
+                "GET",
+                f"/api/v1/sessions/{session_id}",
+                session_id=session_id,
             )
             if response is not None and response.status_code == 200:
                 state = response.json()["state"]
@@ -160,8 +189,9 @@ class Traffic:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             response = await self._request(
-                "POST /api/v1/sessions/<id>/stop", api, "POST", f"/api/v1/sessions/{session_id}/stop", json={}
-            )
+                "POST /api/v1/sessions/<id>/stop", api, "POST", f"/api/v1/sessions/{session_id}/stop",
+                json={}, session_id=session_id,
+            )  # fmt: skip
             if response is not None and response.status_code == 200:
                 return
             await asyncio.sleep(1)
@@ -170,8 +200,9 @@ class Traffic:
         until = time.monotonic() + seconds
         while time.monotonic() < until and not self._stopping.is_set():
             response = await self._request(
-                "GET /jupyter/<id>/api/status", browser, "GET", f"/jupyter/{session_id}/api/status", ok=(200,)
-            )
+                "GET /jupyter/<id>/api/status", browser, "GET", f"/jupyter/{session_id}/api/status",
+                session_id=session_id,
+            )  # fmt: skip
             if response is not None and response.status_code in (302, 404, 409):
                 return  # the session ended under us (lost with its node): the user moves on
             if self.rng.random() < 0.2:
@@ -186,13 +217,16 @@ class Traffic:
             f"/jupyter/{session_id}/api/kernels",
             ok=(201,),
             json={"name": "python3"},
+            session_id=session_id,
         )
         if response is None or response.status_code != 201:
             return
         kernel_id = response.json()["id"]
         uri = f"ws{self.base_url.removeprefix('http')}/jupyter/{session_id}/api/kernels/{kernel_id}/channels"
         headers = {"Cookie": f"{self.cookie_name}={user.cookie}"}
+        name = "WS /jupyter/<id>/api/kernels/<k>/channels"
         until = time.monotonic() + seconds
+        kernel_session: list[str] = []  # the kernel process's own session id, from its first reply
         while time.monotonic() < until and not self._stopping.is_set():
             try:
                 async with websockets.connect(
@@ -201,17 +235,24 @@ class Traffic:
                     self.ws.connects += 1
                     self.ws.open_now += 1
                     try:
-                        await self._kernel_rounds(ws, until)
+                        await self._kernel_rounds(ws, until, kernel_id, kernel_session)
                     finally:
                         self.ws.open_now -= 1
             except (OSError, websockets.WebSocketException, TimeoutError) as exc:
                 self.ws.drops += 1
-                self._count("WS /jupyter/<id>/api/kernels/<k>/channels", type(exc).__name__)
-                if isinstance(exc, websockets.InvalidStatus) and exc.response.status_code in (302, 404, 409):
+                status = exc.response.status_code if isinstance(exc, websockets.InvalidStatus) else None
+                outcome = str(status) if status else type(exc).__name__
+                self._count(name, outcome)
+                if status is None or status >= 500:
+                    self.failures.append(Failure(time.time(), name, outcome, session_id))
+                if status in (302, 404, 409):
                     return  # the session is gone
                 await asyncio.sleep(1)
 
-    async def _kernel_rounds(self, ws, until: float) -> None:
+    async def _kernel_rounds(self, ws, until: float, kernel_id: str, kernel_session: list[str]) -> None:
+        """kernel_info round trips; the first reply of a reconnect must come from the same kernel process
+        (the session id in its reply header) as the first reply ever: a reconnect never loses a kernel."""
+        first = True
         session = uuid.uuid4().hex
         while time.monotonic() < until and not self._stopping.is_set():
             msg_id = uuid.uuid4().hex
@@ -228,6 +269,17 @@ class Traffic:
                         "kernel_info_reply"
                     ):
                         break
+            if first:
+                first = False
+                process = reply.get("header", {}).get("session", "")
+                if not kernel_session:
+                    kernel_session.append(process)
+                else:
+                    self.ws.reconnects += 1
+                    if process == kernel_session[0]:
+                        self.ws.kernels_kept += 1
+                    else:
+                        self.ws.kernels_changed.append(kernel_id)
             self.ws.round_trips += 1
             self.ws.ok_at.append(time.time())
             self._count("WS /jupyter/<id>/api/kernels/<k>/channels", None)

@@ -24,14 +24,18 @@ os.environ.setdefault("DATABASE_POOL_SIZE", _pool_size())  # see portal/settings
 
 django_application = get_asgi_application()
 
-from portal.proxy import PREFIX, JupyterProxy  # noqa: E402  (needs Django set up first)
+from portal.health import liveness_asgi  # noqa: E402  (needs Django set up first)
+from portal.proxy import PREFIX, JupyterProxy  # noqa: E402
 from portal.selectors import jupyter_route_resolve  # noqa: E402
 
 proxy = JupyterProxy(resolver=jupyter_route_resolve, fallback=django_application)
+LIVEZ_PATH = "/livez"
 
 
 async def application(scope, receive, send):
-    if scope["type"] == "lifespan" or scope["path"].startswith(PREFIX):
+    if scope["type"] == "http" and scope["path"] == LIVEZ_PATH:
+        await liveness_asgi(scope, receive, send)  # before Django: no thread, no middleware, no database
+    elif scope["type"] == "lifespan" or scope["path"].startswith(PREFIX):
         await proxy(scope, receive, send)
     elif scope["type"] == "websocket":
         await send({"type": "websocket.close", "code": 4404})

@@ -237,7 +237,9 @@ class JupyterProxy:
             )
         except UpstreamError as exc:
             log.info("jupyter websocket upstream %s refused: %s", route.upstream, exc)
-            await send({"type": "websocket.close", "code": 1011})
+            await self._plain(
+                scope, send, 502, b"The session's JupyterLab is not answering; try again shortly."
+            )
             return
         await send({"type": "websocket.accept", "subprotocol": upstream.subprotocol})
 
@@ -271,16 +273,18 @@ class JupyterProxy:
     # -- answers of our own ----------------------------------------------------------------------------------
 
     async def _plain(self, scope, send, status: int, text: bytes) -> None:
+        """A short text answer with ``status``; to a WebSocket handshake as well, where the server can
+        (the ASGI ``websocket.http.response`` extension), so a client learns why (404: no such session,
+        409: not running, 502: its JupyterLab is not answering) instead of a bare 403."""
+        headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"cache-control", b"no-store")]
         if scope["type"] == "websocket":
-            await send({"type": "websocket.close", "code": 4000 + status})
+            if "websocket.http.response" not in scope.get("extensions", {}):
+                await send({"type": "websocket.close", "code": 4000 + status})
+                return
+            await send({"type": "websocket.http.response.start", "status": status, "headers": headers})
+            await send({"type": "websocket.http.response.body", "body": text})
             return
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [(b"content-type", b"text/plain; charset=utf-8"), (b"cache-control", b"no-store")],
-            }
-        )
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": text})
 
     async def _not_found(self, scope, receive, send) -> None:
@@ -292,7 +296,7 @@ class JupyterProxy:
 
     async def _refused(self, scope, send, refusal: Refusal) -> None:
         if scope["type"] == "websocket":
-            await send({"type": "websocket.close", "code": 4409})
+            await self._plain(scope, send, refusal.status, f"The session is {refusal.state}.".encode())
             return
         # Let the portal render its friendly page with the session's state and a way back.
         await send(

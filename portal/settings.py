@@ -228,11 +228,14 @@ STATIC_URL = "/static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 
+# Fails open (core/cache.py): with Redis down, throttles and caches miss instead of failing a request,
+# and short socket timeouts keep a dead Redis to milliseconds of a request, not seconds.
 CACHES = {
     "default": {
-        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "BACKEND": "core.cache.FailOpenRedisCache",
         "LOCATION": REDIS_URL,
         "KEY_PREFIX": "suanli",
+        "OPTIONS": {"socket_connect_timeout": 0.25, "socket_timeout": 0.5},
     }
 }
 
@@ -264,9 +267,10 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BROKER_TRANSPORT_OPTIONS = {"socket_connect_timeout": 1.0}  # a dead broker fails a publish fast
 CELERY_RESULT_EXPIRES = timedelta(hours=1)
 try:  # the beat schedule, in seconds
-    _beat_pulse = env("BEAT_PULSE_SECONDS", 10.0)
+    BEAT_PULSE_SECONDS = env("BEAT_PULSE_SECONDS", 10.0)
     _card_expire = env("CARD_EXPIRE_SECONDS", 300.0)
     _card_remind = env("CARD_REMIND_SECONDS", 3600.0)
     _ledger_reconcile = env("LEDGER_RECONCILE_SECONDS", 600.0)
@@ -277,7 +281,7 @@ try:  # the beat schedule, in seconds
 except ConfigError as exc:
     _fail(str(exc))
 CELERY_BEAT_SCHEDULE = {
-    "beat-pulse": {"task": "portal.tasks.beat_pulse", "schedule": _beat_pulse},
+    "beat-pulse": {"task": "portal.tasks.beat_pulse", "schedule": BEAT_PULSE_SECONDS},
     "portal-daily-grants": {"task": "portal.tasks.daily_grants_task", "schedule": _daily_grants},
     # --- billing schedule (owned by billing) ---
     "billing-metering-tick": {"task": "billing.tasks.metering_tick_task", "schedule": METERING_TICK_SECONDS},
@@ -398,6 +402,8 @@ SPECTACULAR_SETTINGS = {
     ],
 }
 
+# Logins live in PostgreSQL, never in Redis: a Redis restart logs nobody out.
+SESSION_ENGINE = "django.contrib.sessions.backends.db"
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False
 X_FRAME_OPTIONS = "SAMEORIGIN"

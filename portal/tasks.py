@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import socket
+import threading
 import time
 from datetime import timedelta
 
 import redis
 from celery import shared_task
+from celery.signals import worker_ready, worker_shutdown
 from django.conf import settings
 from django.utils import timezone
 
@@ -17,10 +21,40 @@ from portal.models import User
 log = logging.getLogger("portal.tasks")
 
 BEAT_PULSE_KEY = "suanli:beat_pulse"
+WORKER_PULSE_KEY = "suanli:worker_pulse"  # a sorted set: each worker's name, scored by its last pulse
+WORKER_PULSE_SECONDS = 5.0
+WORKER_PULSE_KEPT_SECONDS = 3600  # a worker gone this long leaves the set
 
 
 def redis_client() -> redis.Redis:
     return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+
+
+@worker_ready.connect
+def worker_pulse_start(sender=None, **_kwargs) -> None:
+    """Each worker stamps its name in Redis every WORKER_PULSE_SECONDS from a thread of its own, so the
+    readiness check reads which workers are up instead of waiting on a broadcast ping."""
+    hostname = getattr(sender, "hostname", None) or socket.gethostname()
+    threading.Thread(target=_worker_pulse, args=(hostname,), name="worker-pulse", daemon=True).start()
+
+
+def _worker_pulse(hostname: str) -> None:
+    client = redis_client()
+    while True:
+        now = time.time()
+        # with the broker down the worker says so itself, and readiness shows Redis down
+        with contextlib.suppress(redis.RedisError):
+            pipe = client.pipeline(transaction=False).zadd(WORKER_PULSE_KEY, {hostname: now})
+            pipe.zremrangebyscore(WORKER_PULSE_KEY, "-inf", now - WORKER_PULSE_KEPT_SECONDS).execute()
+        time.sleep(WORKER_PULSE_SECONDS)
+
+
+@worker_shutdown.connect
+def worker_pulse_stop(sender=None, **_kwargs) -> None:
+    """A worker that stops cleanly leaves the set at once (a killed one ages out)."""
+    hostname = getattr(sender, "hostname", None) or socket.gethostname()
+    with contextlib.suppress(redis.RedisError):
+        redis_client().zrem(WORKER_PULSE_KEY, hostname)
 
 
 @shared_task(name="portal.tasks.beat_pulse", ignore_result=True)

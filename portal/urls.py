@@ -7,7 +7,9 @@ from portal import api, metrics, pages, report_pages, session_pages, views
 
 urlpatterns = [
     path("", views.home, name="home"),
-    path("healthz", views.healthz, name="healthz"),
+    path("livez", views.livez, name="livez"),
+    path("readyz", views.readyz, name="readyz"),
+    path("healthz", views.readyz, name="healthz"),  # readiness, by its older name
     path("metrics", metrics.metrics, name="metrics"),
     path("signup/", views.signup, name="signup"),
     path("signup/pending/", views.signup_pending, name="signup_pending"),

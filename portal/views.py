@@ -22,11 +22,11 @@ from django.views.defaults import page_not_found
 
 from billing.services.topups import amount_parse
 from core.errors import ApplicationError, ValidationFailed
+from core.throttle import attempt_count
 from core.units import hours_to_micros
-from portal import selectors, services
+from portal import health, selectors, services
 from portal import signup as signup_services
 from portal.forms import ProfileForm, SignupForm, TeamCreateForm, TeamInviteForm, TeamJoinForm
-from portal.health import health_report
 from portal.models import AccessToken, Membership, TeamInvite, User
 from portal.session_pages import landing_prices
 
@@ -318,9 +318,19 @@ def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
 
 
 @never_cache
-def healthz(request: HttpRequest) -> JsonResponse:
-    healthy, report = health_report()
-    return JsonResponse(report, status=200 if healthy else 503)
+def livez(request: HttpRequest) -> HttpResponse:
+    """Liveness, for a server that routes it to Django (uvicorn answers it before Django: asgi.py)."""
+    return HttpResponse(health.LIVENESS_BODY, content_type="application/json")
+
+
+@never_cache
+def readyz(request: HttpRequest) -> JsonResponse:
+    """Readiness, also at /healthz: 200 while the portal can serve, 503 with Retry-After when not."""
+    ready, report = health.readiness_report()
+    response = JsonResponse(report, status=200 if ready else 503)
+    if not ready:
+        response["Retry-After"] = str(health.NOT_READY_RETRY_AFTER_SECONDS)
+    return response
 
 
 LOGIN_FAILURES_ALLOWED = 5
@@ -364,8 +374,7 @@ class ThrottledLoginView(LoginView):
             messages.info(self.request, _("Your email is not confirmed yet."))
             return redirect("signup_pending")
         for key in _login_failure_keys(self.request):
-            cache.add(key, 0, LOGIN_LOCKOUT_SECONDS)
-            cache.incr(key)
+            attempt_count(key, window_seconds=LOGIN_LOCKOUT_SECONDS)
         return super().form_invalid(form)
 
     def form_valid(self, form):

@@ -69,7 +69,7 @@ def portal(transactional_db, tmp_path, celery_worker_process):
         if process.poll() is not None:
             raise AssertionError(f"uvicorn exited:\n{log.read_text()[-3000:]}")
         with contextlib.suppress(httpx.HTTPError):
-            return httpx.get(f"{url}/healthz", timeout=2).status_code in (200, 503)
+            return httpx.get(f"{url}/livez", timeout=2).status_code == 200
         return False
 
     wait_for(up, 30, 0.2, "uvicorn")

@@ -89,7 +89,7 @@ def remote_node(transactional_db, tmp_path, celery_worker_process):
                 if web.poll() is not None:
                     raise AssertionError(f"uvicorn exited:\n{web_log.read_text()[-3000:]}")
                 with contextlib.suppress(httpx.HTTPError):
-                    return httpx.get(f"{portal_url}/healthz", timeout=2).status_code in (200, 503)
+                    return httpx.get(f"{portal_url}/livez", timeout=2).status_code == 200
                 return False
 
             wait_for(web_up, 30, 0.2, "the portal on the link")
