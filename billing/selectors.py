@@ -32,6 +32,7 @@ class Funds:
     accrued_micros: int  # billed but not yet posted, on open meters
     burn_micros_per_hour: int  # money rate of the account's open meters
     card_burn_micros_per_hour: int
+    cards_count: int = 0  # how many cards ``cards_micros`` sums
 
     @property
     def money_micros(self) -> int:
@@ -80,7 +81,12 @@ SELECT
                      OR card.gpu_models @> jsonb_build_array(%(gpu_model)s::text))), 0),
     COALESCE(SUM(accrued_micros), 0)::bigint,
     COALESCE(SUM(price_micros_per_hour), 0)::bigint,
-    COALESCE(SUM(card_burn_micros_per_hour), 0)::bigint
+    COALESCE(SUM(card_burn_micros_per_hour), 0)::bigint,
+    (SELECT count(*) FROM billing_card card
+     WHERE card.owner_id = %(account)s AND card.state = 'active'
+       AND (card.expires_at IS NULL OR card.expires_at > statement_timestamp())
+       AND (%(gpu_model)s::text IS NULL OR card.gpu_models = '[]'::jsonb
+            OR card.gpu_models @> jsonb_build_array(%(gpu_model)s::text)))
 FROM billing_meter
 WHERE account_id = %(account)s AND state = 'open'
 """
@@ -92,7 +98,7 @@ def account_funds(*, account: Account, gpu_model: str | None = None) -> Funds:
         cursor.execute(
             _FUNDS, {"account": account.pk, "unit": settings.SITE_CURRENCY, "gpu_model": gpu_model}
         )
-        wallet, overdraft, cards, accrued, price, burn = cursor.fetchone()
+        wallet, overdraft, cards, accrued, price, burn, cards_count = cursor.fetchone()
     return Funds(
         wallet_micros=wallet,
         overdraft_micros=overdraft,
@@ -100,6 +106,7 @@ def account_funds(*, account: Account, gpu_model: str | None = None) -> Funds:
         accrued_micros=accrued,
         burn_micros_per_hour=price,
         card_burn_micros_per_hour=burn,
+        cards_count=cards_count,
     )
 
 

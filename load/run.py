@@ -295,8 +295,16 @@ def _write(path: Path, *, stats, seconds, load_average, benches, extra_env) -> N
         ]
         if phase.get("_failures", "").count("\n") > 1:
             lines += ["", "Failures (locust):", "", "```text", phase["_failures"].strip(), "```"]
-    lines += ["", "## Benchmarks (`bench/`)", ""]
-    if not benches:
+    heading = "## Benchmarks (`bench/`)"
+    kept = path.read_text().partition(heading)[2].strip() if path.exists() else ""
+    lines += ["", heading, ""]
+    if not benches and kept:
+        lines += [
+            "Not run this time (`--bench skip`): the figures below are the previous report's.",
+            "",
+            kept,
+        ]
+    elif not benches:
         lines.append("Not run this time (`--bench skip`).")
     for bench in benches:
         lines += [

@@ -72,9 +72,10 @@ def team_overview(*, team: Team) -> dict:
     with their cap (the caps a team admin sets inside the team's quota)."""
     account = team.account
     use = quotas.account_use(account=account)
+    funds = billing_selectors.account_funds(account=account)
     return {
-        "team_funds": billing_selectors.account_funds(account=account),
-        "team_cards": billing_selectors.usable_cards(account=account).count(),
+        "team_funds": funds,
+        "team_cards": funds.cards_count,
         "team_limits": use.limits,
         "team_usage": use.usage,
         "member_rows": team_member_spend(team=team, members=use.members),

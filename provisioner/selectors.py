@@ -232,9 +232,9 @@ RECENT_SESSIONS_FOR_ESTIMATE = 50
 
 
 def queue_places(*, sessions: list[Session]) -> dict[uuid.UUID, QueuePlace]:
-    """``queue_place`` of each queued session among ``sessions`` (the others are left out), in four
-    queries whatever their number: the waiting sessions, the accounts' sessions on nodes, the recent
-    lengths and the devices of their GPU models."""
+    """``queue_place`` of each queued session among ``sessions`` (the others are left out), in two
+    queries whatever their number: the waiting sessions and the accounts' sessions on nodes (the recent
+    lengths and the devices of their GPU models come from the cache, two more when it misses)."""
     queued = [s for s in sessions if s.state == Session.State.QUEUED]
     if not queued:
         return {}
@@ -247,6 +247,27 @@ def queue_places(*, sessions: list[Session]) -> dict[uuid.UUID, QueuePlace]:
     for session in waiting:
         waiting_by_model.setdefault(session.gpu_model_id, []).append(session)
     served = queue_served(account_ids=[s.account_id for s in waiting])
+    durations_by_model, devices_by_model = _queue_statistics(of_models, model_ids)
+    places = {}
+    for session in queued:
+        ordered = [s.id for s in queue_order(waiting_by_model.get(session.gpu_model_id, []), served=served)]
+        position = ordered.index(session.id) + 1 if session.id in ordered else len(ordered) + 1
+        durations = durations_by_model.get(session.gpu_model_id)
+        if not durations:
+            places[session.id] = QueuePlace(position, None)
+            continue
+        devices = max(1, devices_by_model.get(session.gpu_model_id, 0))
+        places[session.id] = QueuePlace(position, int(statistics.median(durations) * position / devices))
+    return places
+
+
+def _queue_statistics(of_models: Q, model_ids: set) -> tuple[dict, dict]:
+    """For each GPU model: the lengths of its recent sessions and its healthy devices, for the wait
+    estimate. The same for everyone: cached with the catalog (a stop and a device change drop both)."""
+    key = f"queue-statistics:{catalog_version()}:{sorted(map(str, model_ids))}"
+    found = cache.get(key)
+    if found is not None:
+        return found
     durations_by_model: dict[int | None, list[float]] = {}
     recent = (
         Session.objects.filter(of_models, state=Session.State.STOPPED, running_at__isnull=False)
@@ -264,17 +285,8 @@ def queue_places(*, sessions: list[Session]) -> dict[uuid.UUID, QueuePlace]:
         .values_list("gpu_model_id")
         .annotate(n=Count("id"))
     )
-    places = {}
-    for session in queued:
-        ordered = [s.id for s in queue_order(waiting_by_model.get(session.gpu_model_id, []), served=served)]
-        position = ordered.index(session.id) + 1 if session.id in ordered else len(ordered) + 1
-        durations = durations_by_model.get(session.gpu_model_id)
-        if not durations:
-            places[session.id] = QueuePlace(position, None)
-            continue
-        devices = max(1, devices_by_model.get(session.gpu_model_id, 0))
-        places[session.id] = QueuePlace(position, int(statistics.median(durations) * position / devices))
-    return places
+    cache.set(key, (durations_by_model, devices_by_model), timeout=settings.CATALOG_CACHE_SECONDS)
+    return durations_by_model, devices_by_model
 
 
 def slot_map(*, device: Device) -> list[str | None]:
