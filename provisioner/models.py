@@ -331,7 +331,10 @@ class Session(models.Model):
         return f"/jupyter/{self.id}/"
 
     def gpu_devices(self) -> list[Device]:
-        """Every device the session runs on, in id order (``device`` first); empty before placement."""
+        """Every device the session runs on, in id order (``device`` first); empty before placement. A
+        one-GPU session's is its ``device``, without reading the many-to-many."""
+        if self.profile.gpu_count <= 1 and "devices" not in getattr(self, "_prefetched_objects_cache", {}):
+            return [self.device] if self.device_id else []
         several = sorted(self.devices.all(), key=lambda d: d.id)
         if several:
             return several

@@ -107,8 +107,7 @@ def session_list_for_user(*, user) -> QuerySet[Session]:
     return (
         Session.objects.filter(owner=user)
         .select_related("gpu_model", "profile", "environment", "node", "device", "account")
-        .prefetch_related("devices")
-        .order_by("-created_at")
+        .order_by("-created_at")  # session_views reads the devices of the multi-GPU ones
     )
 
 

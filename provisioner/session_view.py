@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.conf import settings
+from django.db.models import prefetch_related_objects
 from django.utils import timezone
 
 from billing.selectors import account_funds
@@ -177,6 +178,7 @@ def session_views(
     for queue places (when any is queued), one for samples (when asked), one for stop warnings, one per
     paying account and GPU model among the running (runway). Lists leave samples out unless ``samples``."""
     sessions = list(sessions)
+    prefetch_related_objects([s for s in sessions if s.profile.gpu_count > 1], "devices")
     now = now or timezone.now()
     costs = meter_costs(session_refs=[s.ref for s in sessions])
     places = selectors.queue_places(sessions=sessions)

@@ -19,8 +19,6 @@ from provisioner.services.sessions import session_launch
 pytestmark = pytest.mark.django_db
 
 PAGE_MOST = 9  # "under 10 queries"
-# Known over: the dashboard listing live sessions (their costs, stop warnings and runways) takes 10.
-MOST = {("student", "/dashboard/"): 10, ("teamlead", "/dashboard/"): 10}
 PAGES = {
     "student": [
         "/", "/dashboard/", "/launch/", "/launch/?profile=cpu", "/wallet/", "/cards/", "/sessions/",
@@ -87,11 +85,11 @@ def test_every_page_and_list_takes_few_queries_and_no_more_with_more_rows(demo, 
     settings.QUOTA_DEFAULT_MAX_SESSIONS = settings.QUOTA_DEFAULT_MAX_EIGHTHS = 1000
     _grow(demo, rounds=2)  # a page with no rows at all skips the queries of its rows' details
     few = _counts(demo, urls)
-    over = {key: n for key, n in few.items() if n > MOST.get(key, PAGE_MOST)}
+    over = {key: n for key, n in few.items() if n > PAGE_MOST}
     assert not over, f"more than {PAGE_MOST} queries: {over}"
     _grow(demo, rounds=6)
     more = _counts(demo, urls)
-    over = {key: n for key, n in more.items() if n > MOST.get(key, PAGE_MOST)}
+    over = {key: n for key, n in more.items() if n > PAGE_MOST}
     assert not over, f"more than {PAGE_MOST} queries with more rows: {over}"
     grew = {key: (few[key], n) for key, n in more.items() if n > few[key]}
     assert not grew, f"queries grew with the rows (before, after): {grew}"
