@@ -56,7 +56,7 @@ def daily_spend(*, account: Account, days: int = 30) -> list[tuple[str, int]]:
 
 
 def _money_context(request: HttpRequest, account: Account) -> dict:
-    funds = billing_selectors.account_funds(account=account)
+    money = _funds_context(account)
     cards = (
         billing_selectors.usable_cards(account=account)
         .select_related("ledger_account")
@@ -67,9 +67,8 @@ def _money_context(request: HttpRequest, account: Account) -> dict:
         "accounts": accounts_payable_by(user=request.user),
         # split, gift, revoke and top up: the account's own user, a team's owners and admins
         "can_manage": account_managed_by(user=request.user, account=account),
-        "funds": funds,
         "cards": cards,
-        "runway_warn": funds.runway_seconds is not None and funds.runway_seconds < 600,
+        **money,
     }
 
 
@@ -147,6 +146,20 @@ def wallet_statement_csv(request: HttpRequest) -> StreamingHttpResponse:
 def funds_live(request: HttpRequest) -> HttpResponse:
     account = account_or_404(request)
     return render(request, "includes/funds.html", _money_context(request, account))
+
+
+def _funds_context(account: Account) -> dict:
+    funds = billing_selectors.account_funds(account=account)
+    return {"funds": funds, "runway_warn": funds.runway_seconds is not None and funds.runway_seconds < 600}
+
+
+@login_required
+def dashboard_live(request: HttpRequest) -> HttpResponse:
+    """What changes on the dashboard while it is open (funds, runway, the sessions' state and cost), in
+    one answer the page polls: each part replaces its own element (static/js/live.js)."""
+    account = account_or_404(request)
+    context = _funds_context(account) | {"running": running_sessions(user=request.user)}
+    return render(request, "includes/dashboard_live.html", context)
 
 
 @login_required

@@ -34,6 +34,7 @@ urlpatterns = [
     path("wallet/", pages.wallet, name="wallet"),
     path("wallet/statement.csv", pages.wallet_statement_csv, name="wallet_statement_csv"),
     path("live/funds", pages.funds_live, name="funds_live"),
+    path("live/dashboard", pages.dashboard_live, name="dashboard_live"),
     path("cards/", pages.cards, name="cards"),
     path("launch/", session_pages.launch, name="launch"),
     path("sessions/", session_pages.session_list, name="session_list"),

@@ -1,6 +1,6 @@
 // Live state without reloads: any element with data-live-url is refreshed from that URL (a fragment of
 // server-rendered HTML) every data-live-seconds (default 3), or as often as the answer asks. Paused while
-// the tab is hidden.
+// the tab is hidden. One answer may carry several parts of a page (data-live-parts): one request a poll.
 (function () {
   // The answer's X-Live-Seconds, when it has one, sets the next wait: a session that is starting asks
   // for quick polls so "Open JupyterLab" shows as soon as it can be used, then slower ones.
@@ -13,10 +13,24 @@
         return response.ok ? response.text().then(function (html) { return [html, next]; }) : [null, next];
       })
       .then(function (answer) {
-        if (answer[0] !== null && answer[0] !== element.innerHTML) element.innerHTML = answer[0];
+        if (answer[0] !== null) place(element, answer[0]);
         again(answer[1]);
       })
       .catch(function () { again(seconds); });
+  }
+  // An element with data-live-parts gets several parts in one answer (<template data-live-part="name">):
+  // each replaces the page's element with the same data-live-part. Otherwise the answer is the element's.
+  function place(element, html) {
+    if (!("liveParts" in element.dataset)) {
+      if (html !== element.innerHTML) element.innerHTML = html;
+      return;
+    }
+    var holder = document.createElement("div");
+    holder.innerHTML = html;
+    holder.querySelectorAll("template[data-live-part]").forEach(function (part) {
+      var target = document.querySelector("[data-live-part='" + part.dataset.livePart + "']:not(template)");
+      if (target && target.innerHTML !== part.innerHTML) target.innerHTML = part.innerHTML;
+    });
   }
   function start() {
     document.querySelectorAll("[data-live-url]").forEach(function (element) {
