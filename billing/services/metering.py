@@ -29,10 +29,12 @@ from billing.models import CARD_UNIT, Account, LedgerAccount, Meter, Transfer
 from billing.selectors import account_funds
 from billing.services.ledger import (
     Leg,
+    bigint_array,
     bulk_cursor,
     money_unit,
     overdraft_for,
     system_account,
+    text_array,
     transfers_post_many,
     wallet_for,
 )
@@ -397,7 +399,7 @@ def _payers_lock(
         ) AND (la.kind <> 'card' OR (c.state = 'active' AND (c.expires_at IS NULL OR c.expires_at > %(now)s)))
         ORDER BY la.id FOR UPDATE OF la
         """,
-        {"system": system_ids, "accounts": account_ids, "unit": unit, "now": now},
+        {"system": bigint_array(system_ids), "accounts": bigint_array(account_ids), "unit": unit, "now": now},
     )
     payers = _Payers(balance={}, wallet={}, overdraft={}, cards={})
     for la_id, kind, owner_id, bal, models, expires_at in cursor.fetchall():
@@ -417,13 +419,13 @@ def _payers_lock(
             FROM unnest(%s::bigint[]) AS a(id) CROSS JOIN (VALUES ('wallet'), ('overdraft')) AS k(kind)
             ON CONFLICT DO NOTHING
             """,
-            [unit, missing],
+            [unit, bigint_array(missing)],
         )
         cursor.execute(
             "SELECT id, kind, owner_id, balance_micros FROM billing_ledgeraccount "
-            "WHERE owner_id = ANY(%s) AND kind IN ('wallet', 'overdraft') AND unit = %s "
+            "WHERE owner_id = ANY(%s::bigint[]) AND kind IN ('wallet', 'overdraft') AND unit = %s "
             "ORDER BY id FOR UPDATE",
-            [missing, unit],
+            [bigint_array(missing), unit],
         )
         for la_id, kind, owner_id, held in cursor.fetchall():
             payers.balance[la_id] = held
@@ -487,10 +489,10 @@ def _meter_legs(m: dict, payers: _Payers, *, revenue_id: int, burned_id: int) ->
     return legs, update
 
 
-def _columns(meter_updates: list[tuple], meters: list[dict]) -> list[list[int]]:
+def _columns(meter_updates: list[tuple], meters: list[dict]) -> list[str]:
     prices = {m["id"]: m["price_micros_per_hour"] for m in meters}
     rows = [(*u, _cost(prices[u[0]], u[1])) for u in meter_updates]
-    return [list(column) for column in zip(*rows, strict=True)]
+    return [bigint_array(column) for column in zip(*rows, strict=True)]
 
 
 def _allocate(meter: dict, account_cards: list[tuple], balance: dict[int, int]) -> list[tuple[int, int]]:
@@ -567,7 +569,10 @@ def _meters_mark(cursor, column: str, value: datetime | None, *, refs=(), accoun
     once (it never waits on a meter; see the lock order above)."""
     if not refs and not accounts:
         return
-    where, args = ("session_ref = ANY(%s)", list(refs)) if refs else ("account_id = ANY(%s)", list(accounts))
+    if refs:
+        where, args = "session_ref = ANY(%s::text[])", text_array(refs)
+    else:
+        where, args = "account_id = ANY(%s::bigint[])", bigint_array(accounts)
     cursor.execute(
         f"UPDATE billing_meter SET {column} = %s WHERE id IN (SELECT id FROM billing_meter "  # noqa: S608
         f"WHERE state = 'open' AND {where} ORDER BY id FOR UPDATE SKIP LOCKED)",
