@@ -338,8 +338,9 @@ WITH om AS (
            sum(accrued_micros) AS accrued, array_agg(DISTINCT gpu_model) AS models
     FROM billing_meter WHERE state = 'open' GROUP BY account_id HAVING sum(price_micros_per_hour) > 0
 ), money AS (
-    SELECT owner_id AS account_id, sum(balance_micros) AS money FROM billing_ledgeraccount
-    WHERE kind IN ('wallet', 'overdraft') AND unit = %(unit)s GROUP BY owner_id
+    SELECT om.account_id, sum(la.balance_micros) AS money
+    FROM om JOIN billing_ledgeraccount la ON la.owner_id = om.account_id
+    WHERE la.kind IN ('wallet', 'overdraft') AND la.unit = %(unit)s GROUP BY om.account_id
 ), cards AS (
     SELECT om.account_id, sum(la.balance_micros) AS cards
     FROM om JOIN billing_ledgeraccount la ON la.owner_id = om.account_id
@@ -359,9 +360,9 @@ WHERE seconds <= %(warn)s OR seconds > 2 * %(warn)s
 """
 
 
-def floor_tick(*, now) -> float:
+def floor_tick(*, now) -> tuple[float, float, float]:
     """The floor at ``now``: its statements and the foreign-key checks they owe, timed, then rolled back.
-    Returns seconds."""
+    Returns the seconds of its three parts: accrue and post, the runways, the foreign-key checks."""
     revenue = system_account(kind=LedgerAccount.Kind.REVENUE)
     burned = system_account(kind=LedgerAccount.Kind.CARD_BURN, unit=CARD_UNIT)
     post_args = {
@@ -372,19 +373,22 @@ def floor_tick(*, now) -> float:
         "burned": burned.id,
     }
     runway_args = {"now": now, "unit": money_unit(), "warn": settings.BILLING_RUNWAY_WARN_SECONDS}
-    elapsed = 0.0
+    marks = []
     try:
         with transaction.atomic(), bulk_cursor() as cursor:
-            start = time.perf_counter()
+            marks.append(time.perf_counter())
             cursor.execute(FLOOR_POST_SQL, post_args)
+            marks.append(time.perf_counter())
             cursor.execute(FLOOR_RUNWAY_SQL, runway_args)
             cursor.fetchall()
+            marks.append(time.perf_counter())
             cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")  # what the commit would check
-            elapsed = time.perf_counter() - start
+            marks.append(time.perf_counter())
             raise _Rollback
     except _Rollback:
         pass
-    return elapsed
+    post_s, runway_s, checks_s = (b - a for a, b in zip(marks, marks[1:], strict=False))
+    return post_s, runway_s, checks_s
 
 
 TICK_SIGNALS = (signals.funds_exhausted, signals.runway_low, signals.runway_recovered, signals.metered)
@@ -560,7 +564,7 @@ def main() -> None:
     )
     print(header)
     print("-" * len(header))
-    results = []
+    results, parts = [], []
     for size in sizes:
         _reset_schema()  # the same accounts, wallets and cards for every size
         account_ids = seed_accounts(random.Random(5))
@@ -578,7 +582,8 @@ def main() -> None:
             ticks.append(seconds)
             receivers.append(clock.seconds)
             posted.append(tick.posted_meters)
-        floor_s, tick_s = _median(floors), _median(ticks)
+        floor_s, tick_s = _median([sum(parts) for parts in floors]), _median(ticks)
+        floor_parts = [_median([parts[n] for parts in floors]) for n in range(3)]
         later = now + timedelta(seconds=TICK_SECONDS * (REPEATS + 1))
         if size <= sample:
             base_s, done = timed(lambda later=later: baseline_tick(now=later))
@@ -588,12 +593,16 @@ def main() -> None:
             base_s = sample_s * size / done
             note = f"baseline extrapolated from {done:,} sessions"
         results.append((size, floor_s, tick_s))
+        parts.append((size, floor_parts))
         print(
             f"{size:>9,}  {floor_s * 1000:>8.0f}  {tick_s * 1000:>8.0f}  {tick_s / floor_s:>9.2f}×  "
             f"{_median(receivers) * 1000:>10.0f}  {_median(posted):>7,}  {catch_up_s * 1000:>11.0f}  "
             f"{base_s * 1000:>11.0f}  {note}"
         )
     print()
+    print("floor by part, ms (accrue and post / runways / foreign-key checks; medians):")
+    for size, (post_s, runway_s, checks_s) in parts:
+        print(f"  {size:>9,}: {post_s * 1000:.0f} / {runway_s * 1000:.0f} / {checks_s * 1000:.0f}")
     (_, _, _), (small, small_floor_s, small_s), (large, _, large_s) = results
     growth, sessions = large_s / small_s, large / small
     print(
