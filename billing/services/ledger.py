@@ -252,7 +252,7 @@ def _ledger_accounts_lock(cursor: psycopg.Cursor, todo: list[Leg]) -> tuple[dict
     """Lock the legs' ledger accounts in id order; their kinds, units and balances by id. Refuses a leg
     naming an unknown account or joining two units."""
     cursor.execute(
-        "SELECT id, kind, unit, balance_micros FROM billing_ledgeraccount WHERE id = ANY(%s) "
+        "SELECT id, kind, unit, balance_micros FROM billing_ledgeraccount WHERE id = ANY(%s::bigint[]) "
         "ORDER BY id FOR UPDATE",
         [bigint_array(sorted({leg.debit_id for leg in todo} | {leg.credit_id for leg in todo}))],
     )
