@@ -15,7 +15,7 @@ constraint catches the rest).
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import psycopg
@@ -182,6 +182,19 @@ def bulk_cursor() -> psycopg.Cursor:
     return psycopg.Cursor(connection.connection)
 
 
+def bigint_array(values: Iterable[int | None]) -> str:
+    """``values`` as a PostgreSQL array literal for a ``%s::bigint[]`` parameter of ``bulk_cursor``:
+    psycopg dumps a list in Python, element by element (about 2 µs each: tens of milliseconds per
+    metering tick at 10,000 sessions); the literal is one join."""
+    return "{" + ",".join("NULL" if v is None else str(int(v)) for v in values) + "}"
+
+
+def text_array(values: Iterable[str]) -> str:
+    """``values`` as a PostgreSQL array literal for a ``%s::text[]`` parameter (see ``bigint_array``):
+    every element double-quoted, its backslashes and double quotes escaped."""
+    return "{" + ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values) + "}"
+
+
 def transfers_post_many(*, legs: Sequence[Leg]) -> list[int]:
     """Post ``legs`` in order with a few set-based statements; return the ids of the transfers written.
 
@@ -209,7 +222,7 @@ def transfers_post_many(*, legs: Sequence[Leg]) -> list[int]:
             INSERT INTO billing_entry (transfer_id, account_id, amount_micros, balance_after_micros)
             SELECT * FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[])
             """,
-            entries,
+            [bigint_array(column) for column in entries],
         )
         ids = sorted(touched)
         cursor.execute(
@@ -217,7 +230,7 @@ def transfers_post_many(*, legs: Sequence[Leg]) -> list[int]:
             UPDATE billing_ledgeraccount la SET balance_micros = v.balance, version = la.version + 1
             FROM unnest(%s::bigint[], %s::bigint[]) AS v(id, balance) WHERE la.id = v.id
             """,
-            [ids, [running[la_id] for la_id in ids]],
+            [bigint_array(ids), bigint_array(running[la_id] for la_id in ids)],
         )
     return [written[leg.idempotency_key] for leg in todo if leg.idempotency_key in written]
 
@@ -239,9 +252,9 @@ def _ledger_accounts_lock(cursor: psycopg.Cursor, todo: list[Leg]) -> tuple[dict
     """Lock the legs' ledger accounts in id order; their kinds, units and balances by id. Refuses a leg
     naming an unknown account or joining two units."""
     cursor.execute(
-        "SELECT id, kind, unit, balance_micros FROM billing_ledgeraccount WHERE id = ANY(%s) "
+        "SELECT id, kind, unit, balance_micros FROM billing_ledgeraccount WHERE id = ANY(%s::bigint[]) "
         "ORDER BY id FOR UPDATE",
-        [sorted({leg.debit_id for leg in todo} | {leg.credit_id for leg in todo})],
+        [bigint_array(sorted({leg.debit_id for leg in todo} | {leg.credit_id for leg in todo}))],
     )
     kind, unit, running = {}, {}, {}
     for la_id, la_kind, la_unit, balance in cursor.fetchall():
@@ -269,14 +282,14 @@ def _transfers_insert(cursor: psycopg.Cursor, todo: list[Leg], unit: dict) -> di
         RETURNING id, idempotency_key
         """,
         [
-            [leg.debit_id for leg in todo],
-            [leg.credit_id for leg in todo],
-            [leg.amount_micros for leg in todo],
-            [unit[leg.debit_id] for leg in todo],
-            [leg.kind for leg in todo],
-            [leg.memo[:200] for leg in todo],
-            [leg.idempotency_key for leg in todo],
-            [leg.meter_id for leg in todo],
+            bigint_array(leg.debit_id for leg in todo),
+            bigint_array(leg.credit_id for leg in todo),
+            bigint_array(leg.amount_micros for leg in todo),
+            text_array(unit[leg.debit_id] for leg in todo),
+            text_array(leg.kind for leg in todo),
+            text_array(leg.memo[:200] for leg in todo),
+            text_array(leg.idempotency_key for leg in todo),
+            bigint_array(leg.meter_id for leg in todo),
         ],
     )
     return {key: transfer_id for transfer_id, key in cursor.fetchall()}

@@ -29,10 +29,12 @@ from billing.models import CARD_UNIT, Account, LedgerAccount, Meter, Transfer
 from billing.selectors import account_funds
 from billing.services.ledger import (
     Leg,
+    bigint_array,
     bulk_cursor,
     money_unit,
     overdraft_for,
     system_account,
+    text_array,
     transfers_post_many,
     wallet_for,
 )
@@ -221,34 +223,42 @@ def meter_costs(*, session_refs: list[str]) -> dict[str, MeterCost]:
 # --- the tick -----------------------------------------------------------------------------------------
 
 # One pass: each open meter not locked by a concurrent close or heartbeat (SKIP LOCKED: the tick never
-# waits on a meter, so it needs no lock order among them) gets its whole seconds up to min(now, alive).
+# waits on a meter, so it needs no lock order among them) gets its whole seconds up to min(now, alive),
+# and the same statement returns the locked meters due for a posting (one row with no meter when none
+# is due; ``accrued`` counts the meters whose watermark moved).
 _ACCRUE_SQL = """
-UPDATE billing_meter m SET
-    billed_seconds = calc.secs,
-    billed_until = m.started_at + make_interval(secs => calc.secs::double precision),
-    accrued_micros = m.price_micros_per_hour * calc.secs / 3600
-                   - m.price_micros_per_hour * m.posted_seconds / 3600
-FROM (
-    SELECT id, GREATEST(
-        billed_seconds,
-        floor(extract(epoch FROM (LEAST(%(now)s, alive_until) - started_at)))::bigint
-    ) AS secs
+WITH calc AS MATERIALIZED (
+    SELECT id, account_id, gpu_model, price_micros_per_hour, card_burn_micros_per_hour, posted_seconds,
+           card_seconds, wallet_seconds, COALESCE(last_posted_at, started_at) AS posted_at,
+           billed_seconds AS billed_before,
+           GREATEST(
+               billed_seconds,
+               floor(extract(epoch FROM (LEAST(%(now)s, alive_until) - started_at)))::bigint
+           ) AS billed_seconds
     FROM billing_meter WHERE state = 'open' FOR UPDATE SKIP LOCKED
-) AS calc
-WHERE m.id = calc.id AND calc.secs > m.billed_seconds
-"""
-
-_DUE_SQL = """
-SELECT id, account_id, gpu_model, price_micros_per_hour, card_burn_micros_per_hour,
-       billed_seconds, posted_seconds, card_seconds, wallet_seconds
-FROM billing_meter
-WHERE state = 'open' AND billed_seconds > posted_seconds
-  AND COALESCE(last_posted_at, started_at) <= %(now)s - make_interval(secs => %(interval)s)
-ORDER BY id FOR UPDATE SKIP LOCKED
+), accrued AS (
+    UPDATE billing_meter m SET
+        billed_seconds = calc.billed_seconds,
+        billed_until = m.started_at + make_interval(secs => calc.billed_seconds::double precision),
+        accrued_micros = m.price_micros_per_hour * calc.billed_seconds / 3600
+                       - m.price_micros_per_hour * m.posted_seconds / 3600
+    FROM calc
+    WHERE m.id = calc.id AND calc.billed_seconds > calc.billed_before
+    RETURNING m.id
+)
+SELECT (SELECT count(*) FROM accrued) AS accrued, due.*
+FROM (SELECT 1) AS one LEFT JOIN (
+    SELECT id, account_id, gpu_model, price_micros_per_hour, card_burn_micros_per_hour, billed_seconds,
+           posted_seconds, card_seconds, wallet_seconds
+    FROM calc
+    WHERE billed_seconds > posted_seconds AND posted_at <= %(now)s - make_interval(secs => %(interval)s)
+) AS due ON true
+ORDER BY due.id
 """
 
 # Runway of every account with open meters in one statement; the session refs are gathered only for
-# the few accounts whose runway is short (gathering them for every account is most of the cost).
+# the few accounts this tick signals (gathering them for every account, or for every account whose
+# runway is short though it was told already, is most of the cost).
 _RUNWAY_SQL = """
 WITH om AS (
     SELECT account_id, sum(price_micros_per_hour) AS price, sum(card_burn_micros_per_hour) AS burn,
@@ -276,7 +286,10 @@ WITH om AS (
            + (COALESCE(money.money, 0) - om.accrued) * 3600 / om.price AS seconds
     FROM om LEFT JOIN money USING (account_id) LEFT JOIN cards USING (account_id)
 ), low AS MATERIALIZED (
-    SELECT * FROM runway WHERE seconds <= %(warn)s OR (warned AND seconds > 2 * %(warn)s)
+    SELECT * FROM runway
+    WHERE (seconds > 0 AND seconds <= %(warn)s AND unwarned)  -- runway_low, once
+       OR (seconds <= 0 AND unsignalled)  -- funds_exhausted, at most once a minute
+       OR (warned AND seconds > 2 * %(warn)s)  -- runway_recovered
 )
 SELECT low.account_id, array_agg(m.session_ref ORDER BY m.id), low.seconds, low.unwarned, low.unsignalled
 FROM low JOIN billing_meter m ON m.account_id = low.account_id AND m.state = 'open'
@@ -298,11 +311,13 @@ def metering_tick(*, now: datetime | None = None) -> TickResult:
         if now is None:
             cursor.execute("SELECT clock_timestamp()")
             now = cursor.fetchone()[0]
-        cursor.execute(_ACCRUE_SQL, {"now": now})
-        accrued = cursor.rowcount
-        cursor.execute(_DUE_SQL, {"now": now, "interval": float(settings.BILLING_POSTING_INTERVAL_SECONDS)})
-        columns = [c.name for c in cursor.description]
-        due = [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]
+        cursor.execute(
+            _ACCRUE_SQL, {"now": now, "interval": float(settings.BILLING_POSTING_INTERVAL_SECONDS)}
+        )
+        columns = [c.name for c in cursor.description][1:]
+        rows = cursor.fetchall()
+        accrued = rows[0][0]
+        due = [dict(zip(columns, row[1:], strict=True)) for row in rows if row[1] is not None]
         transfers = _post(due, now=now) if due else 0
         exhausted = _signal_runway(cursor, now)
     return TickResult(accrued, len(due), transfers, exhausted)
@@ -374,14 +389,17 @@ def _payers_lock(
         SELECT la.id, la.kind, la.owner_id, la.balance_micros,
                ARRAY(SELECT jsonb_array_elements_text(c.gpu_models)) AS models, c.expires_at
         FROM billing_ledgeraccount la LEFT JOIN billing_card c ON c.ledger_account_id = la.id
-        WHERE la.id = ANY(%(system)s)
-           OR (la.owner_id = ANY(%(accounts)s) AND (
-                (la.kind IN ('wallet', 'overdraft') AND la.unit = %(unit)s)
-             OR (la.kind = 'card' AND la.balance_micros > 0 AND c.state = 'active'
-                 AND (c.expires_at IS NULL OR c.expires_at > %(now)s))))
+        WHERE la.id IN (
+            SELECT unnest(%(system)s::bigint[])
+            UNION ALL
+            SELECT own.id FROM unnest(%(accounts)s::bigint[]) AS a(id)
+            JOIN billing_ledgeraccount own ON own.owner_id = a.id
+            WHERE (own.kind IN ('wallet', 'overdraft') AND own.unit = %(unit)s)
+               OR (own.kind = 'card' AND own.balance_micros > 0)
+        ) AND (la.kind <> 'card' OR (c.state = 'active' AND (c.expires_at IS NULL OR c.expires_at > %(now)s)))
         ORDER BY la.id FOR UPDATE OF la
         """,
-        {"system": system_ids, "accounts": account_ids, "unit": unit, "now": now},
+        {"system": bigint_array(system_ids), "accounts": bigint_array(account_ids), "unit": unit, "now": now},
     )
     payers = _Payers(balance={}, wallet={}, overdraft={}, cards={})
     for la_id, kind, owner_id, bal, models, expires_at in cursor.fetchall():
@@ -401,13 +419,13 @@ def _payers_lock(
             FROM unnest(%s::bigint[]) AS a(id) CROSS JOIN (VALUES ('wallet'), ('overdraft')) AS k(kind)
             ON CONFLICT DO NOTHING
             """,
-            [unit, missing],
+            [unit, bigint_array(missing)],
         )
         cursor.execute(
             "SELECT id, kind, owner_id, balance_micros FROM billing_ledgeraccount "
-            "WHERE owner_id = ANY(%s) AND kind IN ('wallet', 'overdraft') AND unit = %s "
+            "WHERE owner_id = ANY(%s::bigint[]) AND kind IN ('wallet', 'overdraft') AND unit = %s "
             "ORDER BY id FOR UPDATE",
-            [missing, unit],
+            [bigint_array(missing), unit],
         )
         for la_id, kind, owner_id, held in cursor.fetchall():
             payers.balance[la_id] = held
@@ -471,10 +489,10 @@ def _meter_legs(m: dict, payers: _Payers, *, revenue_id: int, burned_id: int) ->
     return legs, update
 
 
-def _columns(meter_updates: list[tuple], meters: list[dict]) -> list[list[int]]:
+def _columns(meter_updates: list[tuple], meters: list[dict]) -> list[str]:
     prices = {m["id"]: m["price_micros_per_hour"] for m in meters}
     rows = [(*u, _cost(prices[u[0]], u[1])) for u in meter_updates]
-    return [list(column) for column in zip(*rows, strict=True)]
+    return [bigint_array(column) for column in zip(*rows, strict=True)]
 
 
 def _allocate(meter: dict, account_cards: list[tuple], balance: dict[int, int]) -> list[tuple[int, int]]:
@@ -551,7 +569,10 @@ def _meters_mark(cursor, column: str, value: datetime | None, *, refs=(), accoun
     once (it never waits on a meter; see the lock order above)."""
     if not refs and not accounts:
         return
-    where, args = ("session_ref = ANY(%s)", list(refs)) if refs else ("account_id = ANY(%s)", list(accounts))
+    if refs:
+        where, args = "session_ref = ANY(%s::text[])", text_array(refs)
+    else:
+        where, args = "account_id = ANY(%s::bigint[])", bigint_array(accounts)
     cursor.execute(
         f"UPDATE billing_meter SET {column} = %s WHERE id IN (SELECT id FROM billing_meter "  # noqa: S608
         f"WHERE state = 'open' AND {where} ORDER BY id FOR UPDATE SKIP LOCKED)",

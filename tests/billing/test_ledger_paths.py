@@ -54,7 +54,8 @@ legs_strategy = st.lists(
         st.integers(0, 11),  # the key: a small range, so keys repeat within a batch
         st.sampled_from(PAIRS),
         st.integers(1, 5_000_000),
-        st.sampled_from(["", "memo"]),
+        # memos the set-based path must carry through its array literals unchanged
+        st.sampled_from(["", "memo", 'a "quoted", {braced} back\\slash', "NULL", "账单 ünï"]),
     ),
     min_size=1,
     max_size=25,
