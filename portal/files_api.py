@@ -118,6 +118,7 @@ class UploadDetailView(APIView):
         offset = request.headers.get(OFFSET_HEADER, "")
         length = request.META.get("CONTENT_LENGTH") or ""
         if not offset.isdigit() or not length.isdigit():
+            home_storage().upload_status(owner_id=request.user.pk, upload_id=upload_id)  # 404 if not theirs
             raise ValidationFailed(
                 _("Send the part's offset in the Upload-Offset header, and its length."),
                 fields={"offset": offset, "length": length},

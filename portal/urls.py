@@ -3,7 +3,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from portal import api, files_api, metrics, pages, report_pages, session_pages, views
+from portal import api, file_pages, files_api, metrics, pages, report_pages, session_pages, views
 
 urlpatterns = [
     path("", views.home, name="home"),
@@ -36,6 +36,7 @@ urlpatterns = [
     path("live/funds", pages.funds_live, name="funds_live"),
     path("live/dashboard", pages.dashboard_live, name="dashboard_live"),
     path("cards/", pages.cards, name="cards"),
+    path("files/", file_pages.files, name="files"),
     path("launch/", session_pages.launch, name="launch"),
     path("sessions/", session_pages.session_list, name="session_list"),
     path("sessions/<uuid:session_id>/", session_pages.session_detail, name="session_detail"),

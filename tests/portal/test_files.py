@@ -210,3 +210,28 @@ def test_with_local_homes_the_portal_says_files_live_on_the_gpu_hosts(settings):
         client.post("/api/v1/files/uploads", {"path": "a", "size": 1}, format="json"),
     ):
         assert answer.status_code == 409 and answer.json()["error"]["code"] == "files_unavailable"
+
+
+@pytest.mark.django_db
+def test_the_files_page_lists_a_folder_with_download_links_in_the_users_language(root, client):
+    user = make_user()
+    _upload(_client(user), "data/train.csv", b"a,b\n1,2\n")
+    client.force_login(user)
+    page = client.get("/files/", {"path": "data"})
+    assert page.status_code == 200
+    assert 'href="/api/v1/files/download?path=data/train.csv"' in page.content.decode()
+    assert 'data-chunk-bytes="16777216"' in page.content.decode()
+    assert "csrftoken" in page.cookies
+    assert client.get("/files/", {"path": "nowhere"}).status_code == 404
+    user.language = "zh-hans"
+    user.save(update_fields=["language"])
+    (root / workload_user(user) / "data" / "empty").mkdir()
+    assert "这里还没有内容" in client.get("/files/", {"path": "data/empty"}).content.decode()
+
+
+@pytest.mark.django_db
+def test_the_files_page_says_where_files_are_when_homes_are_local(settings, client):
+    settings.HOMES_BACKEND = "local"
+    client.force_login(make_user())
+    page = client.get("/files/")
+    assert page.status_code == 200 and "open them in JupyterLab" in page.content.decode()
