@@ -26,26 +26,30 @@ from provisioner.selectors import workload_user
 
 PATH = OpenApiParameter("path", str, description="A path relative to your home, e.g. data/train.csv.")
 OFFSET_HEADER = "Upload-Offset"
+# Every call, a read too, answers 409 files_unavailable where homes are local to each GPU host.
+UNAVAILABLE = {
+    409: OpenApiResponse(description="files_unavailable: this site's homes are local to each GPU host")
+}
 
 
-class EntryOut(serializers.Serializer):
+class FileEntryOut(serializers.Serializer):
     name = serializers.CharField()
     kind = serializers.ChoiceField(choices=["file", "folder", "link", "other"])
     size_bytes = serializers.IntegerField()
     modified = serializers.FloatField(help_text="Seconds since the epoch.")
 
 
-class ListingOut(serializers.Serializer):
+class FileListingOut(serializers.Serializer):
     path = serializers.CharField()
-    entries = EntryOut(many=True)
+    entries = FileEntryOut(many=True)
 
 
-class UploadIn(serializers.Serializer):
+class FileUploadIn(serializers.Serializer):
     path = serializers.CharField(max_length=1024)
     size = serializers.IntegerField(min_value=0)
 
 
-class UploadOut(serializers.Serializer):
+class FileUploadOut(serializers.Serializer):
     id = serializers.CharField()
     path = serializers.CharField()
     size = serializers.IntegerField(source="size_bytes")
@@ -54,24 +58,26 @@ class UploadOut(serializers.Serializer):
 
 
 def _upload_response(upload: Upload, status_code: int = status.HTTP_200_OK) -> Response:
-    response = Response(UploadOut(upload).data, status=status_code)
+    response = Response(FileUploadOut(upload).data, status=status_code)
     response[OFFSET_HEADER] = str(upload.offset_bytes)
     return response
 
 
 class FileListView(APIView):
-    @extend_schema(summary="A folder of your home", parameters=[PATH], responses={200: ListingOut})
+    @extend_schema(
+        summary="A folder of your home", parameters=[PATH], responses={200: FileListingOut, **UNAVAILABLE}
+    )
     def get(self, request: Request) -> Response:
         path = request.query_params.get("path", "")
         entries = home_storage().listing(folder=workload_user(request.user), path=path)
-        return Response(ListingOut({"path": path, "entries": list(entries)}).data)
+        return Response(FileListingOut({"path": path, "entries": list(entries)}).data)
 
 
 class FileDownloadView(APIView):
     @extend_schema(
         summary="One file of your home, streamed",
         parameters=[PATH],
-        responses={(200, "application/octet-stream"): OpenApiResponse(OpenApiTypes.BINARY)},
+        responses={(200, "application/octet-stream"): OpenApiResponse(OpenApiTypes.BINARY), **UNAVAILABLE},
     )
     def get(self, request: Request) -> FileResponse:
         found = home_storage().download_open(
@@ -86,10 +92,12 @@ class FileDownloadView(APIView):
 
 class UploadListView(APIView):
     @extend_schema(
-        summary="Begin a resumable upload into your home", request=UploadIn, responses={201: UploadOut}
+        summary="Begin a resumable upload into your home",
+        request=FileUploadIn,
+        responses={201: FileUploadOut},
     )
     def post(self, request: Request) -> Response:
-        fields = UploadIn(data=request.data)
+        fields = FileUploadIn(data=request.data)
         fields.is_valid(raise_exception=True)
         upload = home_storage().upload_create(
             owner_id=request.user.pk,
@@ -101,7 +109,9 @@ class UploadListView(APIView):
 
 
 class UploadDetailView(APIView):
-    @extend_schema(summary="Where an upload stands (its offset)", responses={200: UploadOut})
+    @extend_schema(
+        summary="Where an upload stands (its offset)", responses={200: FileUploadOut, **UNAVAILABLE}
+    )
     def get(self, request: Request, upload_id: str) -> Response:
         return _upload_response(home_storage().upload_status(owner_id=request.user.pk, upload_id=upload_id))
 
@@ -111,8 +121,8 @@ class UploadDetailView(APIView):
     @extend_schema(
         summary="Append up to 16 MiB at the upload's offset (the Upload-Offset header)",
         parameters=[OpenApiParameter(OFFSET_HEADER, int, OpenApiParameter.HEADER, required=True)],
-        request={"application/offset+octet-stream": OpenApiTypes.BINARY},
-        responses={200: UploadOut},
+        request={"application/octet-stream": OpenApiTypes.BINARY},  # any type: the bytes are the body
+        responses={200: FileUploadOut},
     )
     def patch(self, request: Request, upload_id: str) -> Response:
         offset = request.headers.get(OFFSET_HEADER, "")
