@@ -57,6 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--portal", default=_env("PORTAL"), help="portal base URL; without it, no heartbeats")
     p.add_argument("--runtime", default=_env("RUNTIME", "process"), choices=runtime_names())
     p.add_argument("--state-dir", default=_env("STATE_DIR"), help="where workload records and homes live")
+    p.add_argument(
+        "--homes-root",
+        default=_env("HOMES_ROOT"),
+        help="where users' homes live (default <state-dir>/homes, this node only); a shared mount every "
+        "node of the pool has makes a home follow its user (docs/STORAGE.md)",
+    )
     p.add_argument("--fleet", default=_env("FLEET"), help="fake NVML from this fleet YAML (else real pynvml)")
     p.add_argument("--heartbeat-seconds", type=float, default=float(_env("HEARTBEAT_SECONDS", "5")))
     p.add_argument("--advertise-url", default=_env("ADVERTISE_URL"), help="listen_url sent to the portal")
@@ -226,8 +232,14 @@ def workload_runtime(args: argparse.Namespace, state_dir: Path) -> Runtime:
     except ValueError as exc:
         fail(str(exc))
     sandboxed = args.runtime == "docker" or (args.runtime == "process" and args.sandbox != "none")
+    homes_root = Path(args.homes_root).absolute() if args.homes_root else None
+    if homes_root == state_dir / "homes":
+        homes_root = None
+    if homes_root is not None and not homes_root.is_dir():
+        fail(f"--homes-root {homes_root} is not a folder (is the shared filesystem mounted?)")
     options = RuntimeOptions(
         state_dir=state_dir,
+        homes_root=homes_root,
         sandbox=args.sandbox,
         sandbox_uids=uids,
         sandbox_hide=tuple(os.path.abspath(p) for p in args.sandbox_hide),

@@ -30,6 +30,7 @@ its own where the kernel allows it) and cgroup limits (the process runtime has n
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -90,8 +91,10 @@ def _namespaces() -> list[str]:
 
 
 class UidPool:
-    """One uid per user on this node, from the configured range, kept in ``<state>/sandbox-uids.json``
-    so a user's home keeps its owner across sessions and agent restarts."""
+    """One uid per user from the configured range, kept in a JSON table so a user's home keeps its owner
+    across sessions and agent restarts: ``<state>/sandbox-uids.json`` on one node, or the shared homes
+    root's table that every node of a pool reads and writes (each under an exclusive ``flock`` of the
+    table's lock file, which NFS and CephFS honour across hosts), so a user is the same uid everywhere."""
 
     def __init__(self, path: Path, uid_range: tuple[int, int] = DEFAULT_UIDS) -> None:
         self.path = path
@@ -99,7 +102,9 @@ class UidPool:
         self._lock = threading.Lock()
 
     def for_user(self, user: str) -> int:
-        with self._lock:
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with self._lock, open(self.path.with_suffix(".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 table = json.loads(self.path.read_text())
             except (OSError, ValueError):
@@ -113,7 +118,7 @@ class UidPool:
             if uid is None:
                 raise SandboxUnavailable(f"every uid of --sandbox-uids {low}-{high} is taken")
             table[user] = uid
-            tmp = self.path.with_suffix(".tmp")
+            tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_text(json.dumps(table, sort_keys=True))
             os.replace(tmp, self.path)
             return uid

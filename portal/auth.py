@@ -26,6 +26,7 @@ SCOPE_BY_PREFIX = (
     ("/api/v1/catalog", "sessions"),
     ("/api/v1/quota", "sessions"),
     ("/api/v1/cards", "cards"),
+    ("/api/v1/files", "files"),
     ("/api/v1/wallet", "billing"),
     ("/api/v1/ledger", "billing"),
 )

@@ -106,6 +106,7 @@ class AccessToken(models.Model):
         SESSIONS = "sessions", _("Launch and stop sessions")
         CARDS = "cards", _("Redeem, split and gift compute cards")
         BILLING = "billing", _("Top up the wallet")
+        FILES = "files", _("Upload and download the files of your home")
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="access_tokens")
     name = models.CharField(_("name"), max_length=100)

@@ -348,6 +348,13 @@ try:
     AGENT_HTTP_TIMEOUT_SECONDS = env("AGENT_HTTP_TIMEOUT_SECONDS", 10.0)
     AGENT_HEARTBEAT_INTERVAL_SECONDS = env("AGENT_HEARTBEAT_INTERVAL_SECONDS", 5)
     DEVICE_SAMPLES_KEPT = env("DEVICE_SAMPLES_KEPT", 120)
+    # Where users' homes live (docs/STORAGE.md): ``local`` on each GPU host (no transfer from the
+    # portal), or ``shared``, a root every GPU host of the pool and the portal mount.
+    HOMES_BACKEND = env("HOMES_BACKEND", "local", choices=("local", "shared"))
+    HOMES_SHARED_ROOT = env("HOMES_SHARED_ROOT", "")  # the shared root as mounted on the portal's machine
+    HOMES_UPLOAD_MAX_BYTES = env("HOMES_UPLOAD_MAX_BYTES", 100 * 2**30)  # one file
+    if HOMES_BACKEND == "shared" and not HOMES_SHARED_ROOT.startswith("/"):
+        raise ConfigError("HOMES_BACKEND=shared needs HOMES_SHARED_ROOT, an absolute path (the mount)")
 except ConfigError as exc:
     _fail(str(exc))
 

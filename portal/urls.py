@@ -3,7 +3,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from portal import api, metrics, pages, report_pages, session_pages, views
+from portal import api, file_pages, files_api, metrics, pages, report_pages, session_pages, views
 
 urlpatterns = [
     path("", views.home, name="home"),
@@ -36,6 +36,7 @@ urlpatterns = [
     path("live/funds", pages.funds_live, name="funds_live"),
     path("live/dashboard", pages.dashboard_live, name="dashboard_live"),
     path("cards/", pages.cards, name="cards"),
+    path("files/", file_pages.files, name="files"),
     path("launch/", session_pages.launch, name="launch"),
     path("sessions/", session_pages.session_list, name="session_list"),
     path("sessions/<uuid:session_id>/", session_pages.session_detail, name="session_detail"),
@@ -61,6 +62,10 @@ urlpatterns = [
     path("", include("provisioner.urls")),
     path("", include("notices.urls")),
     path("api/v1/me", api.MeView.as_view(), name="api_me"),
+    path("api/v1/files", files_api.FileListView.as_view(), name="api_files"),
+    path("api/v1/files/download", files_api.FileDownloadView.as_view(), name="api_file_download"),
+    path("api/v1/files/uploads", files_api.UploadListView.as_view(), name="api_uploads"),
+    path("api/v1/files/uploads/<str:upload_id>", files_api.UploadDetailView.as_view(), name="api_upload"),
     path("api/v1/tokens", api.TokenListView.as_view(), name="api_tokens"),
     path("api/v1/tokens/<int:token_id>", api.TokenDetailView.as_view(), name="api_token"),
     path("api/v1/teams", api.TeamListView.as_view(), name="api_teams"),

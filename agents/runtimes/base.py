@@ -30,6 +30,9 @@ _RUNTIMES: dict[str, type[Runtime]] = {}
 # it read-only at LABEXTENSIONS_IN_WORKLOAD and named to JupyterLab by ``labextensions_option``.
 LABEXTENSIONS_DIR = Path(__file__).resolve().parent.parent / "labextensions"
 LABEXTENSIONS_IN_WORKLOAD = "/run/suanli-labextensions"
+# Under a shared homes root: what the nodes and the portal keep beside the homes (the uid table, partial
+# uploads). No user's home name starts with a dot (provisioner.selectors.workload_user).
+SHARED_STATE_DIR = ".suanli"
 
 
 def labextensions_option(folder: str) -> str:
@@ -52,6 +55,9 @@ class RuntimeStartError(Exception):
 @dataclass(frozen=True)
 class RuntimeOptions:
     state_dir: Path
+    # Where users' homes live: None is ``<state_dir>/homes`` (the ``local`` storage, one host); a shared
+    # mount every node of a pool has (NFS, CephFS, JuiceFS) makes a home follow its user (docs/STORAGE.md).
+    homes_root: Path | None = None
     sandbox: str = "auto"  # process runtime: auto | bwrap (the same: a sandbox or a refusal) | none
     sandbox_uids: tuple[int, int] = (60000, 64999)
     sandbox_hide: tuple[str, ...] = ()  # host paths the sandbox never shows (the portal's data folder)
@@ -60,6 +66,18 @@ class RuntimeOptions:
     default_image: str = "quay.io/jupyter/base-notebook"
     shm_mib: int = 1024
     pids_limit: int = 4096
+
+    @property
+    def homes(self) -> Path:
+        return self.homes_root or self.state_dir / "homes"
+
+    @property
+    def uid_table(self) -> Path:
+        """The user → sandbox uid table: on a shared homes root it lives there, beside the homes, so that
+        every node of the pool runs a user as the same uid (their files stay theirs on any node)."""
+        if self.homes_root is None:
+            return self.state_dir / "sandbox-uids.json"
+        return self.homes_root / SHARED_STATE_DIR / "sandbox-uids.json"
 
 
 def _frozen(value: Any) -> Any:

@@ -1,10 +1,11 @@
 """The ``process`` runtime: JupyterLab as a local process in a bubblewrap sandbox (agents/sandbox.py).
 
 Layout under the state dir: ``homes/<user>/`` (the user's persistent home, ``/home/<user>`` in the
-sandbox), ``run/<session>/`` (the launcher's log and exit file, the agent's) and
-``run/<session>/private/`` (the workload's: Jupyter's config with its token, its runtime files and the
-Unix socket it listens on, ``/run/suanli`` in the sandbox). JupyterLab also loads the portal's lab
-extensions (agents/labextensions: the stop warnings and "I'm still here"), read-only in the sandbox.
+sandbox; under ``--homes-root`` instead when the node mounts a shared one), ``run/<session>/`` (the
+launcher's log and exit file, the agent's) and ``run/<session>/private/`` (the workload's: Jupyter's
+config with its token, its runtime files and the Unix socket it listens on, ``/run/suanli`` in the
+sandbox). JupyterLab also loads the portal's lab extensions (agents/labextensions: the stop warnings
+and "I'm still here"), read-only in the sandbox.
 Without a sandbox (``--sandbox none``, a single-user development machine) the same folders are used at
 their host paths.
 
@@ -144,7 +145,7 @@ class ProcessRuntime(Runtime):
         super().__init__(options)
         self._children: dict[int, subprocess.Popen] = {}  # launchers this agent process started
         self._probed: str | None = None
-        self.uids = sandbox.UidPool(options.state_dir / "sandbox-uids.json", options.sandbox_uids)
+        self.uids = sandbox.UidPool(options.uid_table, options.sandbox_uids)
 
     def sandbox_in_use(self) -> str:
         """``bwrap``, or ``none`` only when the operator passed ``--sandbox none`` (development)."""
@@ -228,10 +229,11 @@ class ProcessRuntime(Runtime):
     def _folders(self, spec: WorkloadSpec, uid: int | None) -> tuple[Path, Path]:
         """The user's home (kept) and a fresh private folder for the session (Jupyter's config with
         the token, its socket and runtime files), owned by the sandbox's uid when there is one."""
-        home = self.options.state_dir / "homes" / spec.user
+        home = self.options.homes / spec.user
         run_dir = self.options.state_dir / "run" / spec.session_id
         private = run_dir / "private"
-        home.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.options.homes.mkdir(parents=True, exist_ok=True, mode=0o700)
+        home.mkdir(exist_ok=True, mode=0o700)
         if run_dir.exists():
             shutil.rmtree(run_dir)
         run_dir.mkdir(parents=True, mode=0o700)
@@ -262,7 +264,8 @@ class ProcessRuntime(Runtime):
             uid=uid,
             home=home,
             private=private,
-            hidden=[str(self.options.state_dir), *self.options.sandbox_hide],
+            # other users' homes: under the state dir, or every home of a shared root but this one
+            hidden=[str(self.options.state_dir), str(self.options.homes), *self.options.sandbox_hide],
             # the environment, and the interpreter a virtualenv links to (pyenv's lives under /root)
             kept=[
                 str(Path(python).parent.parent),

@@ -40,6 +40,7 @@ def test_bad_options(tmp_path, token_file):
     _one_line_error(_run(*base, "--portal", "ftp://x"), "--portal")
     _one_line_error(_run("--token-file", str(tmp_path / "missing"), "--state-dir", str(tmp_path)), "missing")
     _one_line_error(_run(*base, "--heartbeat-seconds", "soon"), "heartbeat")
+    _one_line_error(_run(*base, "--homes-root", str(tmp_path / "unmounted")), "--homes-root", "not a folder")
 
 
 def _nvml_initialises() -> bool:

@@ -3,6 +3,8 @@ fleet's inventory and a stand-in /dev (bubblewrap binds what the plan names, not
 
 from __future__ import annotations
 
+import concurrent.futures
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -54,3 +56,25 @@ def test_a_2x_sandbox_dev_holds_both_gpus_and_no_other(tmp_path):
     assert result.returncode == 0, result.stderr
     assert sorted(result.stdout.split()) == ["nvidia-uvm", "nvidia4", "nvidia5", "nvidiactl"]
     assert plan.env["CUDA_VISIBLE_DEVICES"] == ",".join(second_group)
+
+
+def _uids_from_another_node(table: str, users: list[str], first_uid: int) -> list[int]:
+    pool = sandbox.UidPool(Path(table), (first_uid, first_uid + 999))
+    return [pool.for_user(user) for user in users]
+
+
+def test_nodes_sharing_a_uid_table_give_each_user_one_uid_and_never_one_uid_to_two_users(tmp_path):
+    """Agents on several hosts of a pool take uids from the shared homes root's table at once: each user
+    gets the same uid on every node, and no uid goes to two users (a flock, not a thread lock, holds)."""
+    table = tmp_path / "homes" / ".suanli" / "sandbox-uids.json"
+    users = [f"user{i}" for i in range(40)]
+    with concurrent.futures.ProcessPoolExecutor(4) as nodes:
+        seen = list(nodes.map(_uids_from_another_node, [str(table)] * 4, [users[i::2] + users for i in range(4)],
+                              [60000] * 4))  # fmt: skip
+    by_user: dict[str, set[int]] = {}
+    for node_users, uids in zip([users[i::2] + users for i in range(4)], seen, strict=True):
+        for user, uid in zip(node_users, uids, strict=True):
+            by_user.setdefault(user, set()).add(uid)
+    assert all(len(uids) == 1 for uids in by_user.values()), by_user
+    assert len({next(iter(uids)) for uids in by_user.values()}) == len(users)
+    assert json.loads(table.read_text()) == {user: next(iter(uids)) for user, uids in by_user.items()}

@@ -91,6 +91,7 @@ class Agents:
         self.procs: dict[str, subprocess.Popen] = {}
         self.ports: dict[str, int] = {}
         self.tokens: dict[str, str] = {}
+        self.options: dict[str, list[str]] = {}  # more command-line options per node (--homes-root)
 
     def state_dir(self, name: str) -> Path:
         return self.tmp_path / "agents" / name
@@ -109,7 +110,8 @@ class Agents:
         command = [sys.executable, "-m", "agents", "--listen", f"127.0.0.1:{self.ports[name]}",
                    "--token-file", str(self.tmp_path / f"{name}.token"), "--portal", self.portal.url,
                    "--runtime", "process", "--state-dir", str(self.state_dir(name)),
-                   "--fleet", str(FLEETS / f"{name}.yaml"), "--heartbeat-seconds", "1"]  # fmt: skip
+                   "--fleet", str(FLEETS / f"{name}.yaml"), "--heartbeat-seconds", "1",
+                   *self.options.get(name, [])]  # fmt: skip
         log = open(self.tmp_path / f"agent-{name}-{time.monotonic_ns()}.log", "wb")  # noqa: SIM115
         self.procs[name] = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
         wait_for(lambda: self._up(name), 20, 0.1, f"agent {name}")

@@ -10,12 +10,15 @@ The endpoints come from the URL resolver and the OpenAPI document: one without a
 
 from __future__ import annotations
 
+import io
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
 import stripe
+from django.conf import settings as django_settings
 from django.core.cache import cache
 from django.urls import URLPattern, URLResolver, get_resolver
 from drf_spectacular.generators import SchemaGenerator
@@ -35,9 +38,11 @@ from billing.models import (
 from billing.services.cards import card_batch_issue, card_redeem, card_split
 from notices.models import Notice
 from notices.services import notify
+from portal.homes import home_storage
 from portal.models import AccessToken, Membership, TeamInvite
 from portal.services import access_token_create, team_create, team_invite_create
 from provisioner.models import Node, Quota, Session
+from provisioner.selectors import workload_user
 from provisioner.services.sessions import session_launch
 from tests.billing.conftest import fund
 from tests.billing.test_topups import localstripe_url  # noqa: F401  (the fixture)
@@ -45,7 +50,7 @@ from tests.provisioner.conftest import A100, ENV, gpu, make_catalog, make_node, 
 
 pytestmark = pytest.mark.django_db
 
-ALL_SCOPES = ["read", "sessions", "cards", "billing"]
+ALL_SCOPES = ["read", "sessions", "cards", "billing", "files"]
 HOUR = 1_000_000
 
 
@@ -109,6 +114,7 @@ class World:
     alice_token: AccessToken
     spare_code: str  # an unredeemed code, so a redemption onto another's account would succeed
     node: Node
+    alice_upload: str = ""  # an upload into alice's shared home, half sent
 
     def secrets(self, who: str) -> list[str]:
         """Strings of alice's objects (and the team's, for a stranger to it) that must not appear in
@@ -142,8 +148,9 @@ def _launch(user, account, profile: str = "1/2") -> Session:
 
 
 @pytest.fixture
-def world(db, settings) -> World:
+def world(db, settings, tmp_path) -> World:
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    settings.HOMES_BACKEND, settings.HOMES_SHARED_ROOT = "shared", str(tmp_path)
     cache.clear()
     make_catalog()
     node, _token = make_node("node-m", [gpu(0, "GPU-m-0"), gpu(1, "GPU-m-1")])
@@ -173,7 +180,21 @@ def world(db, settings) -> World:
         alice_token=alice_token,
         spare_code=spare_code,
         node=node,
+        alice_upload=_alice_files(alice),
     )
+
+
+def _alice_files(alice) -> str:
+    """notes.txt in alice's home, and an upload half sent; the upload's id."""
+    storage = home_storage()
+    folder = workload_user(alice)
+    notes = storage.upload_create(owner_id=alice.pk, folder=folder, path="notes.txt", size_bytes=5)
+    storage.upload_append(owner_id=alice.pk, upload_id=notes.id, offset_bytes=0, length_bytes=5,
+                          body=io.BytesIO(b"alice"))  # fmt: skip
+    half = storage.upload_create(owner_id=alice.pk, folder=folder, path="thesis.pdf", size_bytes=4)
+    storage.upload_append(owner_id=alice.pk, upload_id=half.id, offset_bytes=0, length_bytes=2,
+                          body=io.BytesIO(b"ab"))  # fmt: skip
+    return half.id
 
 
 def state_of_the_world() -> dict:
@@ -195,6 +216,11 @@ def state_of_the_world() -> dict:
         "prices": Price.objects.count(),
         "batches": CardBatch.objects.count(),
         "notices": sorted(Notice.objects.values_list("id", "read_at", "dismissed_at")),
+        "files": sorted(
+            (os.path.join(folder, name), os.lstat(os.path.join(folder, name)).st_size)
+            for folder, _dirs, names in os.walk(django_settings.HOMES_SHARED_ROOT or "/nonexistent")
+            for name in names
+        ),
     }
 
 
@@ -428,6 +454,24 @@ MATRIX: dict[tuple[str, str], list[Probe]] = {
     ("GET", "/api/v1/admin/card-batches/{batch_id}"): _staff_probes(
         "GET", lambda w: f"/api/v1/admin/card-batches/{CardBatch.objects.order_by('id').first().id}"
     ),
+    # files: always the caller's own home; another's upload is not there, nor is a path out of the home
+    ("GET", "/api/v1/files"): [
+        Probe("GET", lambda w: "/api/v1/files", expect=200),
+        Probe("GET", lambda w: "/api/v1/files?path=..", expect=400),
+    ],
+    ("GET", "/api/v1/files/download"): [
+        Probe("GET", lambda w: "/api/v1/files/download?path=notes.txt"),
+        Probe("GET", lambda w: "/api/v1/files/download?path=../notes.txt", expect=400),
+    ],
+    ("POST", "/api/v1/files/uploads"): [
+        Probe("POST", lambda w: "/api/v1/files/uploads", lambda w: {"path": "../x", "size": 1}, expect=400),
+    ],
+    ("GET", "/api/v1/files/uploads/{upload_id}"): [
+        Probe("GET", lambda w: f"/api/v1/files/uploads/{w.alice_upload}"),
+    ],
+    ("PATCH", "/api/v1/files/uploads/{upload_id}"): [
+        Probe("PATCH", lambda w: f"/api/v1/files/uploads/{w.alice_upload}"),
+    ],
     ("GET", "/api/v1/admin/quotas"): _staff_probes("GET", lambda w: "/api/v1/admin/quotas"),
     ("PUT", "/api/v1/admin/quotas"): _staff_probes(
         "PUT", lambda w: "/api/v1/admin/quotas", lambda w: {**QUOTA, "user": w.mallory.pk}

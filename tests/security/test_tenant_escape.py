@@ -79,6 +79,8 @@ def remote_node(transactional_db, tmp_path, celery_worker_process):
         )  # fmt: skip
         processes = [outside, web]
         state = tmp_path / "node-a"
+        homes = tmp_path / "shared-homes"  # outside the state dir, as a pool's shared mount is
+        homes.mkdir()
         devices = tmp_path / "dev"  # stand-ins for the fake fleet's device nodes: a real host has /dev
         devices.mkdir()
         for name in ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", *(f"nvidia{i}" for i in range(6))]:
@@ -106,7 +108,7 @@ def remote_node(transactional_db, tmp_path, celery_worker_process):
                         "--token-file", str(token_file), "--portal", portal_url, "--runtime", "process",
                         "--state-dir", str(state), "--fleet", str(FLEET), "--heartbeat-seconds", "1",
                         "--sandbox", "bwrap", "--sandbox-hide", str(ROOT / ".data"),
-                        "--device-dir", str(devices),
+                        "--device-dir", str(devices), "--homes-root", str(homes),
                     ),
                     cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
                 )  # fmt: skip
@@ -125,6 +127,7 @@ def remote_node(transactional_db, tmp_path, celery_worker_process):
                 "agent": agent_url,
                 "node": node,
                 "state": state,
+                "homes": homes,
                 "token_file": token_file,
                 "agent_log": agent_log,
                 "web_log": web_log,
@@ -270,12 +273,12 @@ print(json.dumps({
 
 
 def test_tenant_code_cannot_escape_its_sandbox(remote_node):
-    ns, state = remote_node["ns"], remote_node["state"]
+    ns, state, homes = remote_node["ns"], remote_node["state"], remote_node["homes"]
     alice, bob = make_user("alice"), make_user("bob")
     alice_home, bob_home = workload_user(alice), workload_user(bob)
     victim = _running(_api(remote_node["portal"], bob))
     attacker = _running(_api(remote_node["portal"], alice))
-    (state / "homes" / bob_home / "secret.txt").write_text("bob's work")
+    (homes / bob_home / "secret.txt").write_text("bob's work")
     device = Allocation.objects.select_related("device").get(session_id=attacker["id"]).device
     data = ROOT / ".data"
     targets = {
@@ -283,10 +286,11 @@ def test_tenant_code_cannot_escape_its_sandbox(remote_node):
             str(remote_node["token_file"]),
             str(state / "workloads" / f"{victim['id']}.json"),
             str(state / "run" / victim["id"] / "private" / "jupyter_server_config.json"),
-            str(state / "homes" / bob_home / "secret.txt"),
+            str(homes / bob_home / "secret.txt"),  # another home, at its host path on the shared root
+            str(homes / ".suanli" / "sandbox-uids.json"),
             "/etc/shadow",
         ],
-        "list": [str(state), str(state / "homes"), str(data), "/root", "/home"],
+        "list": [str(state), str(homes), str(homes / bob_home), str(data), "/root", "/home"],
         "tcp": [
             [ns.node_address, AGENT_PORT],  # the agent API, at the node's address
             ["127.0.0.1", AGENT_PORT],
@@ -336,7 +340,7 @@ def test_tenant_code_cannot_escape_its_sandbox(remote_node):
     written = {path: result for path, result in seen["write"].items() if result == "written"}
     assert written == {f"/home/{alice_home}/mine.txt": "written", "/tmp/mine.txt": "written"}, seen["write"]
     assert not (ROOT / "suanli-probe").exists()
-    assert (state / "homes" / alice_home / "mine.txt").read_text() == "x"
+    assert (homes / alice_home / "mine.txt").read_text() == "x"
     assert not any(victim["id"] in line for line in seen["processes"]), "sees the other session's processes"
     assert len(seen["processes"]) < 20, seen["processes"]
     assert seen["dev"] == sorted(["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", f"nvidia{device.index}"])
