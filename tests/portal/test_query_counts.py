@@ -22,7 +22,7 @@ PAGE_MOST = 9  # "under 10 queries"
 PAGES = {
     "student": [
         "/", "/dashboard/", "/launch/", "/launch/?profile=cpu", "/wallet/", "/cards/", "/sessions/",
-        "/profile/", "/teams/", "/notices/", "/notices/settings/", "/live/funds", "/live/sessions", "/live/dashboard",
+        "/profile/", "/teams/", "/notices/", "/notices/settings/", "/live/funds", "/live/sessions", "/live/dashboard", "/files/",
     ],
     "teamlead": ["/dashboard/", "/wallet/", "/teams/", "/teams/vision-lab/", "/teams/vision-lab/usage/"],
     "admin": ["/operations/", "/operations/usage/", "/operations/audit/"],
