@@ -23,6 +23,7 @@ from agents.api import AgentApi
 from agents.egress import EgressPolicy, EgressServer
 from agents.gpuplan import VGPU_LIB_TARGET, HostGpuTools
 from agents.heartbeat import Heartbeats
+from agents.home_usage import HomeMeter
 from agents.nvml import GpuReader, nvml_source
 from agents.nvml.fleet import FleetError
 from agents.runtimes import Runtime, RuntimeOptions, runtime_class, runtime_names
@@ -195,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
             runtime_name=args.runtime,
             workloads=workloads,
             interval_seconds=args.heartbeat_seconds,
+            homes=HomeMeter(runtime.options.homes, shared=runtime.options.homes_root is not None),
         )
     serve(server, workloads, heartbeats)
     return 0
