@@ -465,6 +465,26 @@ class Quota(models.Model):
         return {f: getattr(self, f) for f in self.LIMIT_FIELDS}
 
 
+class HomeUsage(models.Model):
+    """What a user's home held when an agent last measured it (agents/home_usage.py): the newest
+    measurement wins, whichever node sent it (every node of a shared root measures the same home).
+    ``bytes`` are allocated blocks; ``files`` every entry under the home."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="home_usage")
+    bytes = models.BigIntegerField()
+    files = models.BigIntegerField()
+    measured_at = models.DateTimeField()
+    node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(bytes__gte=0, files__gte=0), name="home_usage_not_negative"),
+        ]
+
+    def __str__(self) -> str:
+        return f"home of user {self.user_id}: {self.bytes} bytes, {self.files} files"
+
+
 class StopWarning(models.Model):
     """A stop announced to a running session's people before it happens: why (``kind``), when
     (``due_at``) and the line they read (a key of provisioner.messages and its parameters). One live
