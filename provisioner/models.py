@@ -426,6 +426,9 @@ class Quota(models.Model):
     monthly_card_cap_micros = models.BigIntegerField(
         null=True, blank=True, help_text="Card-hours a month, in micro card-hours."
     )
+    # a user's home (a user's own row only: a team's or a member's is not read yet)
+    max_home_bytes = models.BigIntegerField(null=True, blank=True, help_text="Bytes in the user's home.")
+    max_home_files = models.BigIntegerField(null=True, blank=True, help_text="Files in the user's home.")
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -459,6 +462,8 @@ class Quota(models.Model):
         "max_session_seconds",
         "monthly_spend_cap_micros",
         "monthly_card_cap_micros",
+        "max_home_bytes",
+        "max_home_files",
     )
 
     def limits(self) -> dict:
