@@ -66,6 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--fleet", default=_env("FLEET"), help="fake NVML from this fleet YAML (else real pynvml)")
     p.add_argument("--heartbeat-seconds", type=float, default=float(_env("HEARTBEAT_SECONDS", "5")))
+    p.add_argument(
+        "--home-round-seconds",
+        type=float,
+        default=float(_env("HOME_ROUND_SECONDS", "60")),
+        help="measure the homes (for storage quotas) at most this often (docs/STORAGE.md)",
+    )
     p.add_argument("--advertise-url", default=_env("ADVERTISE_URL"), help="listen_url sent to the portal")
     p.add_argument(
         "--sandbox",
@@ -196,7 +202,11 @@ def main(argv: list[str] | None = None) -> int:
             runtime_name=args.runtime,
             workloads=workloads,
             interval_seconds=args.heartbeat_seconds,
-            homes=HomeMeter(runtime.options.homes, shared=runtime.options.homes_root is not None),
+            homes=HomeMeter(
+                runtime.options.homes,
+                shared=runtime.options.homes_root is not None,
+                round_seconds=args.home_round_seconds,
+            ),
         )
     serve(server, workloads, heartbeats)
     return 0

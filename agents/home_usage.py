@@ -12,6 +12,10 @@ checked against what its parent listed, so a tenant that swaps a folder for a li
 home, to ``/etc``) gets that folder skipped, not someone else's files counted. Nothing crosses onto
 another filesystem.
 
+A round over the homes starts at most every ``HOME_ROUND_SECONDS`` (``--home-round-seconds``); a home
+whose figures did not change is sent again only after ``HOME_RESEND_SECONDS``, so the portal writes what
+changed, and ``measured_at`` is then the first time these figures were measured.
+
 Which homes: on a node's own root (``local``) every home in it, since only this node's sessions made
 them; on a shared root, the homes of the users this agent has run sessions for since it started (every
 node of the pool measures the same home; the portal keeps the newest figure).
@@ -29,6 +33,8 @@ from pathlib import Path
 
 HOME_WALK_SECONDS = 0.2  # per heartbeat
 HOME_WALK_ENTRIES = 20_000  # per heartbeat
+HOME_ROUND_SECONDS = 60.0  # a round over the homes starts at most this often
+HOME_RESEND_SECONDS = 600.0  # unchanged figures go to the portal again after this long
 _OPEN_FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
 
@@ -60,11 +66,17 @@ class HomeMeter:
         shared: bool,
         seconds: float = HOME_WALK_SECONDS,
         entries: int = HOME_WALK_ENTRIES,
+        round_seconds: float = HOME_ROUND_SECONDS,
+        resend_seconds: float = HOME_RESEND_SECONDS,
     ) -> None:
         self.root = root
         self.shared = shared
         self.seconds = seconds
         self.entries = entries
+        self.round_seconds = round_seconds
+        self.resend_seconds = resend_seconds
+        self._round_began: float | None = None
+        self._sent_at: dict[str, float] = {}  # user -> when their current figures were published
         self.measured: dict[str, dict] = {}  # user -> {"user", "bytes", "files", "measured_at"}
         self._unsent: set[str] = set()
         self._seen: set[str] = set()  # users with sessions here (a shared root's homes to measure)
@@ -102,24 +114,37 @@ class HomeMeter:
         while budget > 0 and time.monotonic() < deadline:
             if self._walk is None:
                 if not self._queue:
+                    began = time.monotonic()
+                    if self._round_began is not None and began - self._round_began < self.round_seconds:
+                        return
                     self._queue = self._homes()
                     if not self._queue:
                         return
+                    self._round_began = began
                 self._walk = self._begin(self._queue.pop(0))
                 if self._walk is None:
                     continue
             budget = self._advance(self._walk, budget, deadline)
             if self._walk.listing is None and not self._walk.pending:
                 walk, self._walk = self._walk, None
-                self.measured[walk.user] = {
-                    "user": walk.user,
-                    "bytes": walk.bytes,
-                    "files": walk.files,
-                    "measured_at": _now_iso(),
-                }
-                self._unsent.add(walk.user)
+                self._publish(walk)
                 if not self._queue:
                     return  # a round is over: the next starts at the next heartbeat
+
+    def _publish(self, walk: _Walk) -> None:
+        """A home walked whole: its figures, to be sent when they changed or were last sent long ago."""
+        before, now = self.measured.get(walk.user), time.monotonic()
+        unchanged = before is not None and (before["bytes"], before["files"]) == (walk.bytes, walk.files)
+        if unchanged and now - self._sent_at.get(walk.user, now) < self.resend_seconds:
+            return
+        self.measured[walk.user] = {
+            "user": walk.user,
+            "bytes": walk.bytes,
+            "files": walk.files,
+            "measured_at": _now_iso(),
+        }
+        self._sent_at[walk.user] = now
+        self._unsent.add(walk.user)
 
     def _advance(self, walk: _Walk, budget: int, deadline: float) -> int:
         """List folders of ``walk`` until it is done or the budget is spent; the budget left. A folder

@@ -133,3 +133,22 @@ def test_a_failing_measurement_costs_the_figures_not_the_heartbeat(tmp_path):
         homes=HomeMeter(tmp_path, shared=False),
     )
     assert beats._measure_homes() == []
+
+
+def test_a_new_round_waits_its_interval_and_unchanged_figures_are_not_sent_again(tmp_path):
+    home = _home(tmp_path, "alice-1", files=2)
+    meter = HomeMeter(tmp_path, shared=False, round_seconds=3600)
+    meter.step()
+    meter.acknowledge(meter.pending())
+    (home / "new").write_text("x")
+    meter.step()
+    assert meter.measured["alice-1"]["files"] == 4 and meter.pending() == []  # not measured yet
+    meter.round_seconds = 0
+    meter.step()
+    assert [f["files"] for f in meter.pending()] == [5]
+    meter.acknowledge(meter.pending())
+    meter.step()
+    assert meter.pending() == []  # measured again, the same: nothing to send
+    meter.resend_seconds = 0
+    meter.step()
+    assert [f["files"] for f in meter.pending()] == [5]  # the same, but long ago: sent to refresh
