@@ -202,11 +202,7 @@ def main(argv: list[str] | None = None) -> int:
             runtime_name=args.runtime,
             workloads=workloads,
             interval_seconds=args.heartbeat_seconds,
-            homes=HomeMeter(
-                runtime.options.homes,
-                shared=runtime.options.homes_root is not None,
-                round_seconds=args.home_round_seconds,
-            ),
+            homes=home_meter(args, runtime),
         )
     serve(server, workloads, heartbeats)
     return 0
@@ -234,6 +230,14 @@ def gpu_reader(fleet: str | None) -> GpuReader:
     reader = GpuReader(nvml)
     reader.inventory()
     return reader
+
+
+def home_meter(args: argparse.Namespace, runtime: Runtime) -> HomeMeter:
+    """What measures the homes for the portal's storage quotas (agents/home_usage.py)."""
+    options = runtime.options
+    return HomeMeter(
+        options.homes, shared=options.homes_root is not None, round_seconds=args.home_round_seconds
+    )
 
 
 def workload_runtime(args: argparse.Namespace, state_dir: Path) -> Runtime:
