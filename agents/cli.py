@@ -23,6 +23,7 @@ from agents.api import AgentApi
 from agents.egress import EgressPolicy, EgressServer
 from agents.gpuplan import VGPU_LIB_TARGET, HostGpuTools
 from agents.heartbeat import Heartbeats
+from agents.home_usage import HomeMeter
 from agents.nvml import GpuReader, nvml_source
 from agents.nvml.fleet import FleetError
 from agents.runtimes import Runtime, RuntimeOptions, runtime_class, runtime_names
@@ -65,6 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--fleet", default=_env("FLEET"), help="fake NVML from this fleet YAML (else real pynvml)")
     p.add_argument("--heartbeat-seconds", type=float, default=float(_env("HEARTBEAT_SECONDS", "5")))
+    p.add_argument(
+        "--home-round-seconds",
+        type=float,
+        default=float(_env("HOME_ROUND_SECONDS", "60")),
+        help="measure the homes (for storage quotas) at most this often (docs/STORAGE.md)",
+    )
     p.add_argument("--advertise-url", default=_env("ADVERTISE_URL"), help="listen_url sent to the portal")
     p.add_argument(
         "--sandbox",
@@ -195,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
             runtime_name=args.runtime,
             workloads=workloads,
             interval_seconds=args.heartbeat_seconds,
+            homes=home_meter(args, runtime),
         )
     serve(server, workloads, heartbeats)
     return 0
@@ -222,6 +230,14 @@ def gpu_reader(fleet: str | None) -> GpuReader:
     reader = GpuReader(nvml)
     reader.inventory()
     return reader
+
+
+def home_meter(args: argparse.Namespace, runtime: Runtime) -> HomeMeter:
+    """What measures the homes for the portal's storage quotas (agents/home_usage.py)."""
+    options = runtime.options
+    return HomeMeter(
+        options.homes, shared=options.homes_root is not None, round_seconds=args.home_round_seconds
+    )
 
 
 def workload_runtime(args: argparse.Namespace, state_dir: Path) -> Runtime:

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 
 from agents import __version__
 from agents.gpuplan import HostGpuTools, served_policies
+from agents.home_usage import HomeMeter
 from agents.nvml import GpuReader
 from agents.runtimes.launcher import children_by_parent
 from agents.workloads import Workload, Workloads
@@ -38,12 +39,14 @@ def build_heartbeat(
     gpu_of_session: Mapping[str, str] | None = None,
     tools: HostGpuTools | None = None,
     activity: Mapping[str, dict] | None = None,
+    homes: list[dict] | None = None,
 ) -> dict:
     """The heartbeat's body; ``activity`` is ``Workloads.activity()``, which the running workloads'
-    statuses carry with their GPU figures (docs/AGENT_PROTOCOL.md)."""
+    statuses carry with their GPU figures, and ``homes`` the homes measured since the portal last had
+    their figures (``HomeMeter.pending``; docs/AGENT_PROTOCOL.md)."""
     activity = activity or {}
     metrics, per_session = reader.metrics(pids_by_session, gpu_of_session)
-    return {
+    body = {
         "capabilities": {"sharing_policies": served_policies(tools or HostGpuTools())},
         "agent_version": __version__,
         "listen_url": listen_url,
@@ -52,6 +55,9 @@ def build_heartbeat(
         "metrics": metrics,
         "workloads": [w.status(per_session.get(w.session_id), activity.get(w.session_id)) for w in workloads],
     }
+    if homes:
+        body["homes"] = homes
+    return body
 
 
 class PortalError(Exception):
@@ -114,8 +120,10 @@ class Heartbeats(threading.Thread):
         runtime_name: str,
         workloads: Workloads,
         interval_seconds: float,
+        homes: HomeMeter | None = None,
     ) -> None:
         super().__init__(name="heartbeats", daemon=True)
+        self.homes = homes
         self.portal = portal
         self.token = token
         self.listen_url = listen_url
@@ -132,6 +140,7 @@ class Heartbeats(threading.Thread):
         """One heartbeat and convergence; the delay before the next."""
         workloads = self.workloads
         children = children_by_parent() if any(w.live for w in workloads.all()) else {}
+        homes = self._measure_homes()
         body = build_heartbeat(
             listen_url=self.listen_url,
             runtime=self.runtime_name,
@@ -141,6 +150,7 @@ class Heartbeats(threading.Thread):
             gpu_of_session=workloads.gpu_of_session(),
             tools=workloads.tools,
             activity=workloads.activity(children),
+            homes=homes,
         )
         try:
             answer = post_heartbeat(self.portal, self.token, body)
@@ -152,11 +162,25 @@ class Heartbeats(threading.Thread):
         if self.failures:
             log.info("portal reachable again after %d failed heartbeats", self.failures)
         self.failures = 0
+        if self.homes is not None:
+            self.homes.acknowledge(homes)
         interval = answer.get("heartbeat_interval_seconds")
         if isinstance(interval, int | float) and not isinstance(interval, bool) and 0.2 <= interval <= 300:
             self.interval_seconds = float(interval)
         workloads.converge(answer["desired_workloads"])
         return self.interval_seconds
+
+    def _measure_homes(self) -> list[dict]:
+        """One slice of the homes' measurement (bounded: agents/home_usage.py); the figures to send.
+        A failure here costs the figures, never the heartbeat."""
+        if self.homes is None:
+            return []
+        try:
+            self.homes.note_users(str(w.spec.get("user") or "") for w in self.workloads.all())
+            self.homes.step()
+        except Exception:
+            log.exception("measuring homes failed")
+        return self.homes.pending()
 
     def run(self) -> None:
         delay = 0.0

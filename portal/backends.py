@@ -6,11 +6,14 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.backends import ModelBackend
 from django.core.exceptions import PermissionDenied
 
+from provisioner.quotas import users_with_home_use
+
 
 class PasswordBackend(ModelBackend):
     """Django's ``ModelBackend``, except:
 
-    - the user of each request is read with their account in one query (nearly every page needs it);
+    - the user of each request is read with their account, and their home's measured use and limits,
+      in one query (nearly every page needs the account; the dashboard and the files page the home);
     - a wrong password stops here. ``ModelBackend`` is listed after this one only so that sessions made
       before it keep their login; it must not check the same password a second time.
     """
@@ -23,5 +26,7 @@ class PasswordBackend(ModelBackend):
 
     def get_user(self, user_id):
         model = get_user_model()
-        user = model._default_manager.select_related("account").filter(pk=user_id).first()
+        # with their home's measured use and limits (the dashboard's and the files page's line)
+        users = users_with_home_use(model._default_manager.select_related("account"))
+        user = users.filter(pk=user_id).first()
         return user if user is not None and self.user_can_authenticate(user) else None

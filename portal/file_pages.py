@@ -10,6 +10,7 @@ from django.views.decorators.csrf import ensure_csrf_cookie
 
 from core.errors import ApplicationError
 from portal.homes import CHUNK_MAX_BYTES, FilesUnavailable, home_storage
+from provisioner.quotas import home_use_of
 from provisioner.selectors import workload_user
 
 
@@ -23,6 +24,7 @@ def files(request: HttpRequest) -> HttpResponse:
         "unavailable": None,
         "error": None,
         "chunk_bytes": CHUNK_MAX_BYTES,
+        "home": home_use_of(request.user),
     }
     try:
         context["entries"] = list(home_storage().listing(folder=workload_user(request.user), path=path))

@@ -31,6 +31,7 @@ from portal.selectors import account_managed_by, accounts_payable_by
 from portal.session_pages import running_sessions
 from portal.shortcuts import account_or_404
 from portal.templatetags.suanli import card_hours
+from provisioner.quotas import home_use_of
 
 
 def daily_spend(*, account: Account, days: int = 30) -> list[tuple[str, int]]:
@@ -173,6 +174,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
         ),
         "spend": daily_spend(account=account),
         "running": running_sessions(user=request.user),
+        "home": home_use_of(request.user),  # read with the request's user: no query
     }
     return render(request, "portal/dashboard.html", context)
 

@@ -353,6 +353,9 @@ try:
     HOMES_BACKEND = env("HOMES_BACKEND", "local", choices=("local", "shared"))
     HOMES_SHARED_ROOT = env("HOMES_SHARED_ROOT", "")  # the shared root as mounted on the portal's machine
     HOMES_UPLOAD_MAX_BYTES = env("HOMES_UPLOAD_MAX_BYTES", 100 * 2**30)  # one file
+    # A user's home, as the agents measure it (docs/STORAGE.md); 0: no limit. A user's quota row overrides.
+    HOMES_QUOTA_BYTES = env("HOMES_QUOTA_BYTES", 20 * 2**30)
+    HOMES_QUOTA_FILES = env("HOMES_QUOTA_FILES", 500_000)
     if HOMES_BACKEND == "shared" and not HOMES_SHARED_ROOT.startswith("/"):
         raise ConfigError("HOMES_BACKEND=shared needs HOMES_SHARED_ROOT, an absolute path (the mount)")
 except ConfigError as exc:

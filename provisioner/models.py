@@ -426,6 +426,9 @@ class Quota(models.Model):
     monthly_card_cap_micros = models.BigIntegerField(
         null=True, blank=True, help_text="Card-hours a month, in micro card-hours."
     )
+    # a user's home (a user's own row only: a team's or a member's is not read yet)
+    max_home_bytes = models.BigIntegerField(null=True, blank=True, help_text="Bytes in the user's home.")
+    max_home_files = models.BigIntegerField(null=True, blank=True, help_text="Files in the user's home.")
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -459,10 +462,32 @@ class Quota(models.Model):
         "max_session_seconds",
         "monthly_spend_cap_micros",
         "monthly_card_cap_micros",
+        "max_home_bytes",
+        "max_home_files",
     )
 
     def limits(self) -> dict:
         return {f: getattr(self, f) for f in self.LIMIT_FIELDS}
+
+
+class HomeUsage(models.Model):
+    """What a user's home held when an agent last measured it (agents/home_usage.py): the newest
+    measurement wins, whichever node sent it (every node of a shared root measures the same home).
+    ``bytes`` are allocated blocks; ``files`` every entry under the home."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="home_usage")
+    bytes = models.BigIntegerField()
+    files = models.BigIntegerField()
+    measured_at = models.DateTimeField()
+    node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(bytes__gte=0, files__gte=0), name="home_usage_not_negative"),
+        ]
+
+    def __str__(self) -> str:
+        return f"home of user {self.user_id}: {self.bytes} bytes, {self.files} files"
 
 
 class StopWarning(models.Model):

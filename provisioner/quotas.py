@@ -13,8 +13,9 @@ from functools import reduce
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import CharField, Count, Q, Sum
+from django.db.models import CharField, Count, OuterRef, Q, QuerySet, Subquery, Sum
 from django.db.models.functions import Cast
+from django.template.defaultfilters import filesizeformat
 from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
@@ -22,7 +23,7 @@ from django.utils.translation import gettext_lazy
 from billing.audit import audit_record
 from billing.models import Account, Meter
 from core.errors import QuotaExceeded, ValidationFailed
-from provisioner.models import Profile, Quota, Session
+from provisioner.models import HomeUsage, Profile, Quota, Session
 
 LIMIT_FIELDS = Quota.LIMIT_FIELDS
 
@@ -36,6 +37,8 @@ class Limits:
     max_session_seconds: int | None
     monthly_spend_cap_micros: int | None
     monthly_card_cap_micros: int | None = None
+    max_home_bytes: int | None = None  # read from a user's own limits only (``home_use``)
+    max_home_files: int | None = None
 
 
 def _defaults() -> Limits:
@@ -48,6 +51,8 @@ def _defaults() -> Limits:
         settings.QUOTA_DEFAULT_MAX_SESSION_SECONDS,
         cap or None,
         settings.QUOTA_DEFAULT_MONTHLY_CARD_CAP_MICROS or None,
+        settings.HOMES_QUOTA_BYTES or None,
+        settings.HOMES_QUOTA_FILES or None,
     )
 
 
@@ -318,6 +323,126 @@ def quota_admit(
             profile=profile,
             max_seconds=max_seconds,
         )
+    home_admit(user=user)
+
+
+@dataclass(frozen=True)
+class HomeUse:
+    """A user's home as last measured (``HomeUsage``) beside their limits; None limits are none."""
+
+    bytes: int
+    files: int
+    measured_at: datetime
+    max_bytes: int | None
+    max_files: int | None
+
+    WARN_FRACTION = 0.9
+
+    def _fractions(self) -> list[float]:
+        pairs = ((self.bytes, self.max_bytes), (self.files, self.max_files))
+        return [used / limit if limit else 0.0 for used, limit in pairs if limit is not None]
+
+    @property
+    def over_bytes(self) -> bool:
+        return self.max_bytes is not None and self.bytes > self.max_bytes
+
+    @property
+    def over_files(self) -> bool:
+        return self.max_files is not None and self.files > self.max_files
+
+    @property
+    def over(self) -> bool:
+        return self.over_bytes or self.over_files
+
+    @property
+    def near(self) -> bool:
+        """At WARN_FRACTION of a limit or past it: the pages warn."""
+        return any(f >= self.WARN_FRACTION for f in self._fractions()) or self.over
+
+    @property
+    def files_text(self) -> str:
+        return f"{self.files:,}"
+
+
+def _own_limit(field: str, user_ref: str) -> Subquery:
+    return Subquery(Quota.objects.filter(user=OuterRef(user_ref), account__isnull=True).values(field)[:1])
+
+
+def _home_use(usage: HomeUsage, own_bytes: int | None, own_files: int | None) -> HomeUse:
+    """The figures beside the user's own limits, the settings' defaults where the row sets none (0: none)."""
+    defaults = _defaults()
+    max_bytes = own_bytes if own_bytes is not None else defaults.max_home_bytes
+    max_files = own_files if own_files is not None else defaults.max_home_files
+    return HomeUse(usage.bytes, usage.files, usage.measured_at, max_bytes or None, max_files or None)
+
+
+def home_use(*, user) -> HomeUse | None:
+    """The user's home as last measured, with their limits (their own quota row over the settings'
+    defaults), in one query; None before any agent measured it."""
+    usage = (
+        HomeUsage.objects.filter(user=user)
+        .annotate(
+            own_bytes=_own_limit("max_home_bytes", "user"), own_files=_own_limit("max_home_files", "user")
+        )
+        .first()
+    )
+    return None if usage is None else _home_use(usage, usage.own_bytes, usage.own_files)
+
+
+def users_with_home_use(users: QuerySet) -> QuerySet:
+    """``users`` read with their home's last measurement and their own home limits in the same query:
+    the request's user is read so (portal.backends), and ``home_use_of`` then needs no query."""
+    return users.select_related("home_usage").annotate(
+        home_max_bytes=_own_limit("max_home_bytes", "pk"), home_max_files=_own_limit("max_home_files", "pk")
+    )
+
+
+def home_use_of(user) -> HomeUse | None:
+    """``home_use`` of a user read by ``users_with_home_use`` without a query (else with one)."""
+    if not hasattr(user, "home_max_bytes"):
+        return home_use(user=user)
+    try:
+        usage = user.home_usage
+    except HomeUsage.DoesNotExist:
+        return None
+    return _home_use(usage, user.home_max_bytes, user.home_max_files)
+
+
+_HOME_REFUSALS = {
+    "bytes": gettext_lazy(
+        "Your home holds %(used)s of at most %(limit)s: delete files from it (in JupyterLab, while a "
+        "session of yours runs) or ask an administrator to raise your limit before you start another "
+        "session."
+    ),
+    "files": gettext_lazy(
+        "Your home holds %(used)s files of at most %(limit)s: delete files from it (in JupyterLab, while "
+        "a session of yours runs) or ask an administrator to raise your limit before you start another "
+        "session."
+    ),
+}
+
+
+def home_admit(*, user) -> None:
+    """Raise QuotaExceeded (``quota_storage``) while the user's home, as last measured, is over a limit.
+    Reads only; nothing in the home is touched, and running sessions go on. The soft path for homes
+    without kernel quotas (docs/STORAGE.md)."""
+    use = home_use(user=user)
+    if use is None:
+        return
+    if use.over_bytes:
+        used, limit = filesizeformat(use.bytes), filesizeformat(use.max_bytes)
+        raise QuotaExceeded(
+            _HOME_REFUSALS["bytes"] % {"used": used, "limit": limit},
+            code="quota_storage",
+            fields={"home_bytes": f"{use.bytes} > {use.max_bytes}"},
+        )
+    if use.over_files:
+        used, limit = f"{use.files:,}", f"{use.max_files:,}"
+        raise QuotaExceeded(
+            _HOME_REFUSALS["files"] % {"used": used, "limit": limit},
+            code="quota_storage",
+            fields={"home_files": f"{use.files} > {use.max_files}"},
+        )
 
 
 def _clean_limits(limits: dict) -> dict:
@@ -330,6 +455,8 @@ def _clean_limits(limits: dict) -> dict:
         "max_session_seconds",
         "monthly_spend_cap_micros",
         "monthly_card_cap_micros",
+        "max_home_bytes",
+        "max_home_files",
     ):
         value = limits.get(field)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):

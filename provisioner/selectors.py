@@ -436,6 +436,13 @@ def quota_usage(*, user) -> dict:
         }
 
     answer = {"user": pack(quotas.limits_for_user(user=user), quotas.usage_of_user(user=user)), "teams": []}
+    home = quotas.home_use_of(user)  # the home as last measured; its limits are the user's max_home_*
+    answer["user"]["home"] = home and {
+        "bytes": home.bytes,
+        "files": home.files,
+        "measured_at": home.measured_at.isoformat(),
+        "over": home.over,
+    }
     for account in accounts_payable_by(user=user):
         if account.kind != Account.Kind.TEAM:
             continue

@@ -71,6 +71,12 @@ class QuotaLimitsIn(serializers.Serializer):
         max_value=2**63 - 1,
         help_text="Micro card-hours a month.",
     )
+    max_home_bytes = serializers.IntegerField(
+        required=False, allow_null=True, min_value=0, max_value=2**63 - 1, help_text="A user's home, bytes."
+    )
+    max_home_files = serializers.IntegerField(
+        required=False, allow_null=True, min_value=0, max_value=2**63 - 1, help_text="A user's home, files."
+    )
 
 
 class QuotaSetIn(serializers.Serializer):

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import connection, transaction
 from django.db.models import DateTimeField, Value
 from django.db.models.functions import Greatest
@@ -34,7 +35,7 @@ from provisioner.models import (
     Session,
     StopWarning,
 )
-from provisioner.selectors import desired_workloads
+from provisioner.selectors import desired_workloads, workload_user
 from provisioner.services import sessions as lifecycle
 
 S = Session.State
@@ -146,6 +147,36 @@ def activity_clean(value) -> dict:
         "gpu_util_percent": _figure(value.get("gpu_util_percent"), top=100),
         "gpu_memory_bytes": _count(value.get("gpu_memory_bytes")),
     }
+
+
+MAX_HOMES = 5000  # in one heartbeat; the agent sends only what it measured since the last one
+_HOME_NAME = re.compile(r"(?P<name>[A-Za-z0-9_][A-Za-z0-9_.-]{0,63})-(?P<id>[0-9]{1,18})")
+_MAX_BIGINT = 2**63 - 1
+
+
+def homes_clean(value, *, now: datetime) -> dict[int, dict]:
+    """The ``homes`` report (docs/AGENT_PROTOCOL.md) by user id, the newest entry of each user; an entry
+    that is garbage (a name that is no home's, a figure that is not a count, no time) is dropped, the
+    heartbeat never refused for it. A time ahead of ``now`` (a node's clock) counts as ``now``, so it
+    cannot win over later measurements. Whether each name is its user's home is checked on recording."""
+    cleaned: dict[int, dict] = {}
+    for entry in value[:MAX_HOMES] if isinstance(value, list) else []:
+        if not isinstance(entry, dict) or not isinstance(entry.get("user"), str):
+            continue
+        named = _HOME_NAME.fullmatch(entry["user"])
+        at = _instant(entry.get("measured_at"))
+        figures = [_count(entry.get(k)) for k in ("bytes", "files")]
+        if named is None or at is None or any(f is None or f > _MAX_BIGINT for f in figures):
+            continue
+        user_id, at = int(named["id"]), min(at, now)
+        if user_id not in cleaned or cleaned[user_id]["measured_at"] < at:
+            cleaned[user_id] = {
+                "name": entry["user"],
+                "bytes": figures[0],
+                "files": figures[1],
+                "measured_at": at,
+            }
+    return cleaned
 
 
 def heartbeat_validate(body) -> dict:
@@ -374,6 +405,34 @@ def _record_inventory(
         Device.objects.filter(id__in=gone).update(health=Device.Health.MISSING)
         catalog_changed()
     return by_uuid
+
+
+_HOME_USAGE_SQL = """
+INSERT INTO provisioner_homeusage (user_id, bytes, files, measured_at, node_id) VALUES {rows}
+ON CONFLICT (user_id) DO UPDATE
+SET bytes = EXCLUDED.bytes, files = EXCLUDED.files, measured_at = EXCLUDED.measured_at,
+    node_id = EXCLUDED.node_id
+WHERE provisioner_homeusage.measured_at < EXCLUDED.measured_at
+"""
+
+
+def _record_homes(node: Node, homes: dict[int, dict]) -> None:
+    """Store each home's figures unless a newer measurement is stored (one statement, whatever the
+    order heartbeats of several nodes land in). A name that is not its user's home is ignored."""
+    if not homes:
+        return
+    users = get_user_model().objects.filter(pk__in=list(homes))
+    rows = [
+        (user.pk, homes[user.pk]["bytes"], homes[user.pk]["files"], homes[user.pk]["measured_at"], node.pk)
+        for user in users
+        if workload_user(user) == homes[user.pk]["name"]
+    ]
+    if rows:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                _HOME_USAGE_SQL.format(rows=", ".join(["(%s, %s, %s, %s, %s)"] * len(rows))),
+                [figure for row in rows for figure in row],
+            )
 
 
 _PRUNE_SQL = """
@@ -608,7 +667,8 @@ def heartbeat_record(*, node: Node, body) -> HeartbeatAnswer:
     Validates first (ValidationFailed, nothing written); in one transaction: locks the node row, checks
     that no reported device UUID belongs to another node (Conflict, nothing written), upserts devices,
     records metrics (keeping the last DEVICE_SAMPLES_KEPT per device), applies workload states to
-    sessions (conditional transitions, meters alive/open/close), and marks the node seen (a node that
+    sessions (conditional transitions, meters alive/open/close), stores the homes' measured usage (the
+    newest measurement of each wins; garbage entries dropped), and marks the node seen (a node that
     was down comes back to the state it had). Safe to repeat.
     """
     body = heartbeat_validate(body)
@@ -619,6 +679,7 @@ def heartbeat_record(*, node: Node, body) -> HeartbeatAnswer:
         devices = _record_inventory(node, body["inventory"], now, served)
         device_util = _record_metrics(body.get("metrics") or {}, devices, now)
         _record_workloads(node, body.get("workloads", []), now, device_util)
+        _record_homes(node, homes_clean(body.get("homes"), now=now))
         node.last_heartbeat_at = now
         node.agent_version = str(body.get("agent_version") or "")[:32]
         node.runtime = str(body.get("runtime") or "")[:32]

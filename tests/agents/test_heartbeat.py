@@ -150,3 +150,30 @@ def test_a_refusal_in_html_is_logged_with_its_title():
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_the_agent_reports_each_home_it_measured_once_and_again_after_a_change(start_agent, tmp_path):
+    state = tmp_path / "state"
+    home = state / "homes" / "alice-12"
+    (home / "work").mkdir(parents=True)
+    (home / "work" / "a.txt").write_text("hello")
+    port = free_port()
+    portal = StandInPortal(port)
+    try:
+        start_agent(
+            state, "--sandbox", "none", "--portal", f"http://127.0.0.1:{port}", "--heartbeat-seconds", "0.5",
+            "--home-round-seconds", "0",
+        )  # fmt: skip
+        wait_for(lambda: any(b.get("homes") for b in portal.beats), 20, what="a heartbeat with homes")
+        portal.beats_after(len(portal.beats), 3)  # measured again each beat, unchanged: not sent again
+        reported = [h for b in portal.beats for h in b.get("homes", [])]
+        assert [(h["user"], h["files"]) for h in reported] == [("alice-12", 2)]
+        assert reported[0]["bytes"] > 0
+        (home / "work" / "b.txt").write_text("more")
+        wait_for(
+            lambda: any(h["files"] == 3 for b in portal.beats for h in b.get("homes", [])),
+            20,
+            what="the home measured again",
+        )
+    finally:
+        portal.close()

@@ -8,12 +8,14 @@ import pytest
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from billing.services.topups import wallet_credit_promotion
 from notices.services import notify
 from portal.models import Membership, Team, User
 from portal.services import user_create
 from provisioner.demo import ENVIRONMENT
+from provisioner.models import HomeUsage
 from provisioner.services.sessions import session_launch
 
 pytestmark = pytest.mark.django_db
@@ -50,6 +52,11 @@ def demo(tmp_path, monkeypatch):
 def _grow(users: dict[str, User], rounds: int) -> None:
     """More of every kind of row each page lists, for every demo user."""
     for name, user in users.items():
+        # a measured home: the dashboard's and the files page's line (read with the request's user)
+        HomeUsage.objects.update_or_create(
+            user=user,
+            defaults={"bytes": 19 * 2**30, "files": 400_000 + rounds, "measured_at": timezone.now()},
+        )
         for index in range(rounds):
             key = f"{name}-{rounds}-{index}"
             notify(users=[user], kind="session_started", key="session_started",

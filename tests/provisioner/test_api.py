@@ -9,12 +9,13 @@ import uuid
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from billing.models import AuditEntry, LedgerHold
 from billing.services.ledger import overdraft_for, system_account, transfer_post, wallet_for
 from portal.services import access_token_create, team_create
-from provisioner.models import Allocation, Node, Quota, Session
+from provisioner.models import Allocation, HomeUsage, Node, Quota, Session
 from provisioner.quotas import quota_set
 from provisioner.sealing import unseal
 from provisioner.services.sessions import session_launch
@@ -510,6 +511,17 @@ def test_quota_shows_limits_and_usage_for_the_user_and_their_teams(fleet, sent_t
     assert course["account"] == team.account_id
     assert course["team"]["limits"]["max_eighths"] == 16
     assert course["member"]["limits"]["max_eighths"] == 2
+    assert body["user"]["home"] is None  # not measured yet
+    assert body["user"]["limits"]["max_home_bytes"] == 20 * 2**30
+
+
+def test_quota_shows_the_measured_home(fleet):
+    user = make_user()
+    quota_set(user=user, limits={"max_home_files": 10})
+    HomeUsage.objects.create(user=user, bytes=4096, files=11, measured_at=timezone.now())
+    body = client_for(user).get("/api/v1/quota").json()["user"]
+    assert body["home"]["files"] == 11 and body["home"]["over"] is True
+    assert body["limits"]["max_home_files"] == 10
 
 
 # --- tokens and scopes -------------------------------------------------------------------------------

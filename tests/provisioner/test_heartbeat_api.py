@@ -10,9 +10,11 @@ import pytest
 from rest_framework.test import APIClient
 
 from agents.heartbeat import build_heartbeat, post_heartbeat
+from agents.home_usage import HomeMeter
 from agents.nvml import GpuReader, nvml_source
 from billing.models import Meter
-from provisioner.models import Device, DeviceSample, Node, Session
+from provisioner.models import Device, DeviceSample, HomeUsage, Node, Session
+from provisioner.selectors import workload_user
 from provisioner.services.nodes import node_enroll
 from provisioner.services.sessions import session_launch
 from tests.agents.conftest import CI_FLEET
@@ -418,3 +420,94 @@ def test_topology_groups_are_stored_garbage_is_blank_and_a_2x_spec_lists_one_gro
     post(token, heartbeat_body(gpus, [workload_status(session, enforcement={**report, "per_device": [1]})]))
     session.refresh_from_db()
     assert session.enforcement == report  # a garbled per-device report is dropped, the rest kept
+
+
+def _home(user, *, bytes_=1000, files=3, at="2026-12-05T10:00:00Z") -> dict:
+    return {"user": workload_user(user), "bytes": bytes_, "files": files, "measured_at": at}
+
+
+def test_measured_homes_are_stored_per_user_and_the_newest_measurement_wins(catalog):
+    node_a, token_a = make_node("node-a", [gpu(0, "GPU-a-0")])
+    node_b, token_b = make_node("node-b", [gpu(0, "GPU-b-0")])
+    alice, bob = make_user("alice"), make_user("bob")
+    body = heartbeat_body([gpu(0, "GPU-a-0")])
+    body["homes"] = [_home(alice, bytes_=5 << 30, files=1200), _home(bob)]
+    assert post(token_a, body).status_code == 200
+    usage = HomeUsage.objects.get(user=alice)
+    assert (usage.bytes, usage.files, usage.node) == (5 << 30, 1200, node_a)
+    # a shared root: node-b measured alice's home later, then node-a's older figure arrives late
+    newer = heartbeat_body([gpu(0, "GPU-b-0")])
+    newer["homes"] = [_home(alice, bytes_=7 << 30, files=1300, at="2026-12-05T10:05:00Z")]
+    assert post(token_b, newer).status_code == 200
+    older = heartbeat_body([gpu(0, "GPU-a-0")])
+    older["homes"] = [_home(alice, bytes_=1, files=1, at="2026-12-05T10:01:00Z")]
+    assert post(token_a, older).status_code == 200
+    usage.refresh_from_db()
+    assert (usage.bytes, usage.files, usage.node) == (7 << 30, 1300, node_b)
+    assert HomeUsage.objects.get(user=bob).files == 3
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        "not a list",
+        {"user": "x"},
+        ["a string"],
+        {"user": None, "bytes": 1, "files": 1, "measured_at": "2026-12-05T10:00:00Z"},
+        {"user": "../etc-1", "bytes": 1, "files": 1, "measured_at": "2026-12-05T10:00:00Z"},
+        {"user": "nobody-999999", "bytes": 1, "files": 1, "measured_at": "2026-12-05T10:00:00Z"},
+        {"user": "ALICE", "bytes": 1, "files": 1, "measured_at": "2026-12-05T10:00:00Z"},
+        {"user": "USER", "bytes": -1, "files": 1, "measured_at": "2026-12-05T10:00:00Z"},
+        {"user": "USER", "bytes": 1.5, "files": 1, "measured_at": "2026-12-05T10:00:00Z"},
+        {"user": "USER", "bytes": True, "files": 1, "measured_at": "2026-12-05T10:00:00Z"},
+        {"user": "USER", "bytes": 2**64, "files": 1, "measured_at": "2026-12-05T10:00:00Z"},
+        {"user": "USER", "bytes": 1, "files": "7", "measured_at": "2026-12-05T10:00:00Z"},
+        {"user": "USER", "bytes": 1, "files": 1, "measured_at": "yesterday"},
+        {"user": "USER", "bytes": 1, "files": 1, "measured_at": "2026-02-30T10:00:00Z"},
+        {"user": "USER", "bytes": 1, "files": 1},
+    ],
+)
+def test_a_garbage_home_entry_is_dropped_and_the_heartbeat_recorded(enrolled, garbage):
+    node, token = enrolled
+    alice, other = make_user("alice"), make_user("other")
+    if isinstance(garbage, dict) and garbage.get("user") == "USER":
+        garbage = {**garbage, "user": workload_user(alice)}
+    if isinstance(garbage, dict) and garbage.get("user") == "ALICE":  # another user's id under a name
+        garbage = {**garbage, "user": f"alice-{other.pk}"}
+    body = heartbeat_body([gpu(0, "GPU-a-0")])
+    body["homes"] = [garbage, _home(other)] if isinstance(garbage, dict) else garbage
+    response = post(token, body)
+    assert response.status_code == 200, response.content
+    node.refresh_from_db()
+    assert node.last_heartbeat_at is not None
+    assert not HomeUsage.objects.filter(user=alice).exists()
+    if isinstance(garbage, dict) and garbage["user"] == f"alice-{other.pk}":
+        assert not HomeUsage.objects.filter(user=other, files=1).exists()
+    elif isinstance(garbage, dict):
+        assert HomeUsage.objects.get(user=other).files == 3  # the good entry beside it is kept
+
+
+def test_a_measurement_from_a_clock_ahead_counts_as_now(enrolled):
+    node, token = enrolled
+    alice = make_user("alice")
+    body = heartbeat_body([gpu(0, "GPU-a-0")])
+    body["homes"] = [_home(alice, at="2099-01-01T00:00:00Z")]
+    post(token, body)
+    assert HomeUsage.objects.get(user=alice).measured_at.year < 2099
+
+
+@pytest.mark.slow
+def test_the_agents_homes_reach_the_portal(live_server, catalog, tmp_path):
+    token = node_enroll(name="ci-small", address="http://127.0.0.1:9").token
+    alice = make_user("alice")
+    (tmp_path / workload_user(alice) / "work").mkdir(parents=True)
+    (tmp_path / workload_user(alice) / "work" / "a.txt").write_text("hello")
+    meter = HomeMeter(tmp_path, shared=False)
+    meter.step()
+    reader = GpuReader(nvml_source("fake", fleet_path=str(CI_FLEET)).open())
+    body = build_heartbeat(
+        listen_url="http://x", runtime="process", reader=reader, workloads=[], pids_by_session={},
+        homes=meter.pending(),
+    )  # fmt: skip
+    post_heartbeat(live_server.url, token, body)
+    assert HomeUsage.objects.get(user=alice).files == 2

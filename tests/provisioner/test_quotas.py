@@ -5,13 +5,15 @@ behind: no session, no allocation."""
 from __future__ import annotations
 
 import pytest
+from django.utils import timezone, translation
 
 from billing.models import AuditEntry, Meter
 from billing.services.metering import meter_open
 from billing.services.pricing import price_quote
 from core.errors import NotFound, QuotaExceeded, ValidationFailed
-from provisioner.models import Allocation, AllocationSlot, Quota, Session
+from provisioner.models import Allocation, AllocationSlot, HomeUsage, Quota, Session
 from provisioner.quotas import (
+    home_use,
     limits_for_member,
     limits_for_user,
     members_of_account,
@@ -19,6 +21,7 @@ from provisioner.quotas import (
     usage_of_member,
     usage_of_user,
 )
+from provisioner.selectors import workload_user
 from provisioner.services.sessions import session_end
 from tests.provisioner.factories import (
     A100,
@@ -250,3 +253,66 @@ def test_quota_set_audits_and_validates(fleet):
         quota_set(user=user, limits={"max_sessions": -1})
     with pytest.raises(ValidationFailed):
         quota_set(user=user, limits={"allowed_profiles": "1/8"})
+
+
+def _measured(user, *, bytes_: int = 0, files: int = 0) -> HomeUsage:
+    return HomeUsage.objects.update_or_create(
+        user=user, defaults={"bytes": bytes_, "files": files, "measured_at": timezone.now()}
+    )[0]
+
+
+def test_a_home_over_its_byte_limit_refuses_a_launch_and_nothing_is_deleted(fleet, settings, tmp_path):
+    settings.HOMES_BACKEND, settings.HOMES_SHARED_ROOT = "shared", str(tmp_path)
+    user = user_make()
+    home = tmp_path / workload_user(user)
+    home.mkdir()
+    (home / "results.csv").write_text("keep me")
+    running = launch(user)
+    _measured(user, bytes_=int(21.3 * 2**30), files=10)
+    error = _refused(
+        user,
+        r"^Your home holds 21\.3\xa0GB of at most 20\.0\xa0GB: delete files from it \(in JupyterLab, while a "
+        r"session of yours runs\) or ask an administrator to raise your limit before you start another session\.$",
+    )
+    assert error.code == "quota_storage"
+    assert (home / "results.csv").read_text() == "keep me"
+    assert HomeUsage.objects.get(user=user).bytes == int(21.3 * 2**30)
+    running.refresh_from_db()
+    assert running.state in Session.LIVE  # a running session is not stopped
+
+
+def test_a_home_over_its_file_limit_refuses_in_the_users_language(fleet):
+    user = user_make()
+    quota_set(user=user, limits={"max_home_files": 1000})
+    _measured(user, bytes_=1, files=1001)
+    with translation.override("zh-hans"):
+        error = _refused(user, "1,001")
+    assert error.code == "quota_storage"
+    assert "1,000" in error.message and "Your home" not in error.message
+
+
+def test_a_home_at_its_limit_or_not_yet_measured_is_admitted(fleet, settings):
+    user, other = user_make(), user_make()
+    _measured(user, bytes_=settings.HOMES_QUOTA_BYTES, files=settings.HOMES_QUOTA_FILES)
+    launch(user)
+    launch(other)
+
+
+def test_a_users_own_home_limit_overrides_the_default_and_zero_means_none(fleet, settings):
+    user = user_make()
+    _measured(user, bytes_=50 * 2**30, files=10)
+    quota_set(user=user, limits={"max_home_bytes": 100 * 2**30})
+    launch(user)
+    quota_set(user=user, limits={"max_home_bytes": None})
+    _refused(user, "50.0")
+    settings.HOMES_QUOTA_BYTES = 0
+    launch(user)
+
+
+def test_home_use_reads_usage_and_limits_in_one_query(fleet, django_assert_num_queries):
+    user = user_make()
+    quota_set(user=user, limits={"max_home_files": 100})
+    _measured(user, bytes_=5, files=95)
+    with django_assert_num_queries(1):
+        use = home_use(user=user)
+    assert (use.files, use.max_files, use.near, use.over) == (95, 100, True, False)
