@@ -3,10 +3,10 @@ fleet's inventory and a stand-in /dev (bubblewrap binds what the plan names, not
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +16,8 @@ from agents.gpuplan import Allocation, gpu_plan
 from agents.nvml.fake import FakeNvml
 from agents.nvml.fleet import load_fleet
 from agents.nvml.reader import GpuReader
+
+ROOT = Path(__file__).resolve().parents[2]
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE = 'for n in /dev/nvidia*; do [ -e "$n" ] && echo "${n#/dev/}"; done; true'
@@ -58,9 +60,16 @@ def test_a_2x_sandbox_dev_holds_both_gpus_and_no_other(tmp_path):
     assert plan.env["CUDA_VISIBLE_DEVICES"] == ",".join(second_group)
 
 
-def _uids_from_another_node(table: str, users: list[str], first_uid: int) -> list[int]:
-    pool = sandbox.UidPool(Path(table), (first_uid, first_uid + 999))
-    return [pool.for_user(user) for user in users]
+# One node's agent taking uids from the shared table: a process of its own (spawned, not forked: a fork
+# of the test process would inherit its threads' locks and the browser's pipe).
+_NODE = """
+import json, sys
+from pathlib import Path
+from agents import sandbox
+table, users, first = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+pool = sandbox.UidPool(Path(table), (first, first + 999))
+print(json.dumps([pool.for_user(user) for user in users]))
+"""
 
 
 def test_nodes_sharing_a_uid_table_give_each_user_one_uid_and_never_one_uid_to_two_users(tmp_path):
@@ -68,11 +77,22 @@ def test_nodes_sharing_a_uid_table_give_each_user_one_uid_and_never_one_uid_to_t
     gets the same uid on every node, and no uid goes to two users (a flock, not a thread lock, holds)."""
     table = tmp_path / "homes" / ".suanli" / "sandbox-uids.json"
     users = [f"user{i}" for i in range(40)]
-    with concurrent.futures.ProcessPoolExecutor(4) as nodes:
-        seen = list(nodes.map(_uids_from_another_node, [str(table)] * 4, [users[i::2] + users for i in range(4)],
-                              [60000] * 4))  # fmt: skip
+    wanted = [users[i::2] + users for i in range(4)]
+    nodes = [
+        subprocess.Popen(  # noqa: S603
+            [sys.executable, "-c", _NODE, str(table), json.dumps(node_users), "60000"],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )  # fmt: skip
+        for node_users in wanted
+    ]
+    seen = [json.loads(node.communicate(timeout=60)[0]) for node in nodes]
+    assert all(node.returncode == 0 for node in nodes)
+    for node_users, uids in zip(wanted, seen, strict=True):
+        assert len(uids) == len(node_users)
     by_user: dict[str, set[int]] = {}
-    for node_users, uids in zip([users[i::2] + users for i in range(4)], seen, strict=True):
+    for node_users, uids in zip(wanted, seen, strict=True):
         for user, uid in zip(node_users, uids, strict=True):
             by_user.setdefault(user, set()).add(uid)
     assert all(len(uids) == 1 for uids in by_user.values()), by_user
