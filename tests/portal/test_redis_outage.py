@@ -5,17 +5,15 @@ and stops with the broker down: tests/provisioner/test_enqueue.py."""
 import time
 
 import pytest
-from celery import current_app
 from django.core.cache import cache
 from rest_framework.throttling import UserRateThrottle
 
 from core.outage import outage
 from portal.models import AccessToken
 from portal.services import access_token_create
-from provisioner import enqueue
+from tests.outage import CLOSED
 from tests.provisioner.conftest import make_user
 
-CLOSED = "redis://127.0.0.1:1/0"  # nothing listens on port 1: every connection is refused
 PASSWORD = "a-long-pass-phrase-9"
 
 
@@ -24,17 +22,6 @@ def cache_down(settings):
     settings.CACHES = {"default": {**settings.CACHES["default"], "LOCATION": CLOSED}}  # the product's backend
     yield
     outage(f"cache {CLOSED}", what_happens="").answered()
-
-
-@pytest.fixture
-def broker_down(monkeypatch):
-    """The Celery app publishes to the closed port (a fresh producer pool for it)."""
-    app = current_app._get_current_object()
-    monkeypatch.setitem(app.conf, "broker_url", CLOSED)
-    monkeypatch.setattr(app, "_pool", None)
-    monkeypatch.setattr(app.amqp, "_producer_pool", None)
-    yield
-    enqueue._broker.answered()
 
 
 @pytest.fixture

@@ -4,25 +4,10 @@ database holds the change, and the agents' heartbeats carry it out without any t
 import logging
 
 import pytest
-from celery import current_app
 from rest_framework.test import APIClient
 
-from provisioner import enqueue
 from provisioner.models import Allocation, Session
 from tests.provisioner.conftest import A100, ENV, beat, gpu, make_node, make_user, workload_status
-
-CLOSED = "redis://127.0.0.1:1/0"  # nothing listens on port 1: every connection is refused
-
-
-@pytest.fixture
-def broker_down(monkeypatch):
-    """The Celery app publishes to the closed port (a fresh producer pool for it)."""
-    app = current_app._get_current_object()
-    monkeypatch.setitem(app.conf, "broker_url", CLOSED)
-    monkeypatch.setattr(app, "_pool", None)
-    monkeypatch.setattr(app.amqp, "_producer_pool", None)
-    yield
-    enqueue._broker.answered()
 
 
 @pytest.mark.django_db(transaction=True)  # on_commit runs for real: the publish is attempted
