@@ -3,8 +3,9 @@
 It answers the pynvml functions the agent uses, with pynvml's argument and result shapes, and
 raises pynvml's own ``NVMLError_*`` classes, so the agent's inventory and metrics code runs
 unchanged over it. Processes "use" a fake GPU when their environment's ``CUDA_VISIBLE_DEVICES``
-names the GPU (or one of its MIG devices): that is how a workload started by the agent shows up in
-the per-process figures, as it would on a real host.
+names the GPU (or one of its MIG devices) and they descend from the process the fake runs in: that is
+how a workload started by the agent shows up in the per-process figures, as it would on a real host,
+while the workloads of another agent on the same machine (fleet files share UUIDs) do not.
 
 A fake GPU runs nothing, so what such a process "uses" is not measured: each one reports the fleet's
 ``process_sm_util_percent`` and ``process_memory_mib`` for its GPU (10 % and 256 MiB unless the file
@@ -273,6 +274,8 @@ class FakeNvml:
             marker = raw.find(b"CUDA_VISIBLE_DEVICES=")
             if marker < 0 or (marker > 0 and raw[marker - 1] != 0):
                 continue
+            if not _descends_from(int(entry.name), os.getpid()):
+                continue  # another agent's (fleets share UUIDs between agents on one machine)
             value = raw[marker + len("CUDA_VISIBLE_DEVICES=") :].split(b"\0", 1)[0].decode(errors="replace")
             for device_uuid in value.split(","):
                 if device_uuid:
@@ -280,6 +283,22 @@ class FakeNvml:
         with self._lock:
             self._scan, self._scan_at = scan, now
         return scan
+
+
+def _descends_from(pid: int, ancestor: int) -> bool:
+    """Whether ``pid`` is ``ancestor`` or one of its descendants (its parents, read from /proc)."""
+    for _ in range(64):
+        if pid == ancestor:
+            return True
+        if pid <= 1:
+            return False
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as stat:
+                data = stat.read()
+        except OSError:
+            return False
+        pid = int(data[data.rfind(b")") + 2 :].split()[1])  # "pid (comm) state ppid …"
+    return False
 
 
 class FakeNvmlSource(NvmlSource):
