@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,11 +28,13 @@ from agents import egress
 from agents.activity import cgroup_cpu_seconds
 from agents.gpuplan import GpuPlan, enforcement
 from agents.runtimes.base import (
+    JUPYTER_LAB_MAIN,
     LABEXTENSIONS_DIR,
     LABEXTENSIONS_IN_WORKLOAD,
     Runtime,
     RuntimeHandle,
     RuntimeStartError,
+    jupyter_config,
     labextensions_option,
 )
 from agents.spec import WorkloadSpec
@@ -80,13 +83,13 @@ def container_spec(
     pids_limit: int,
 ) -> dict[str, Any]:
     """Keyword arguments for ``client.containers.run`` (pure: no engine, no file system)."""
-    config = json.dumps({"IdentityProvider": {"token": spec.token}})
+    config = json.dumps(jupyter_config(spec.token))
     command = [
         "bash",
         "-c",
         # The token goes through a 0600 file, not argv (visible to `docker top` and `ps`).
         'umask 077 && printf %s "$SUANLI_JUPYTER_CONFIG" > /tmp/jupyter_server_config.json'
-        " && unset SUANLI_JUPYTER_CONFIG && exec jupyter lab --no-browser"
+        f" && unset SUANLI_JUPYTER_CONFIG && exec python3 -c {shlex.quote(JUPYTER_LAB_MAIN)} --no-browser"
         " --config=/tmp/jupyter_server_config.json"
         f" --ServerApp.sock={CONTAINER_RUN}/{SOCK_NAME} --ServerApp.sock_mode=0600"
         " --ServerApp.allow_remote_access=True"

@@ -42,11 +42,13 @@ from agents import egress, sandbox
 from agents.gpuplan import VGPU_LIB_TARGET, GpuPlan, enforcement
 from agents.runtimes import launcher
 from agents.runtimes.base import (
+    JUPYTER_LAB_MAIN,
     LABEXTENSIONS_DIR,
     LABEXTENSIONS_IN_WORKLOAD,
     Runtime,
     RuntimeHandle,
     RuntimeStartError,
+    jupyter_config,
     labextensions_option,
 )
 from agents.spec import WorkloadSpec
@@ -106,8 +108,8 @@ def jupyter_command(
     # portal's proxy sends is the agent's address, hence allow_remote_access.
     return [
         python,
-        "-m",
-        "jupyterlab",
+        "-c",
+        JUPYTER_LAB_MAIN,
         "--no-browser",
         f"--config={config_file}",
         f"--ServerApp.sock={sock}",
@@ -240,7 +242,7 @@ class ProcessRuntime(Runtime):
         (private / "runtime").mkdir(parents=True, mode=0o700)
         fd = os.open(private / CONFIG_NAME, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as config:
-            json.dump({"IdentityProvider": {"token": spec.token}}, config)
+            json.dump(jupyter_config(spec.token), config)
         if uid is not None:
             sandbox.own(home, uid)
             sandbox.own(private, uid)

@@ -71,7 +71,7 @@ def test_fixed_share_container_spec():
     env = kwargs["environment"]
     assert env["CUDA_VISIBLE_DEVICES"] == GPU == env["NVIDIA_VISIBLE_DEVICES"]
     assert env["CUDA_DEVICE_MEMORY_LIMIT"] == "20480m" and env["CUDA_DEVICE_SM_LIMIT"] == "25"
-    assert json.loads(env["SUANLI_JUPYTER_CONFIG"]) == {"IdentityProvider": {"token": "secret-token-42"}}
+    assert json.loads(env["SUANLI_JUPYTER_CONFIG"])["IdentityProvider"] == {"token": "secret-token-42"}
     mounts = {m["Target"]: m for m in kwargs["mounts"]}
     assert (
         mounts["/home/jovyan"]["Source"] == "suanli-home-alice" and mounts["/home/jovyan"]["Type"] == "volume"

@@ -31,6 +31,8 @@ def test_the_gateway_serves_its_sessions_only_to_the_node_token(start_agent):
     lab = agent.client.get("/jupyter/gw-1/lab")
     assert lab.status_code == 200 and "JupyterLab" in lab.text
     assert spec["token"] not in lab.text  # scrubbed: the token never leaves the node
+    # The environment is read-only: no rebuild offered, no build check on each page load.
+    assert '"buildCheck": false' in lab.text and '"buildAvailable": false' in lab.text
     assert run_in_kernel(agent.url, spec["base_url"], "print(6 * 7)").strip().endswith("42")
 
     assert agent.client.delete("/v1/workloads/gw-1").json() == {"deleted": True}
