@@ -234,7 +234,7 @@ def main() -> None:
         proxy = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "--factory", "proxy:make_app", "--app-dir", str(ROOT / "bench"),
              "--host", "127.0.0.1", "--port", str(proxy_port), "--log-level", "warning", "--no-access-log",
-             "--ws-per-message-deflate", "false"],
+             "--ws-per-message-deflate", "false", *os.environ.get("BENCH_UVICORN", "").split()],
             env=env, cwd=ROOT,
         )  # fmt: skip
         processes.append(proxy)
