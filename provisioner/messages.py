@@ -35,6 +35,10 @@ __all__ = [
 TEMPLATES: dict[str, str] = {
     "launched_by": gettext_noop("Launched by %(user)s"),
     "placed_on": gettext_noop("Placed on %(node)s"),
+    "placed_away_from_home": gettext_noop(
+        "Placed on %(node)s: the nodes that hold your home folder had no room, so this session has the home "
+        "folder kept on %(node)s, not your latest files."
+    ),
     "no_room": gettext_noop("No free %(gpu_model)s %(profile)s right now: waiting in the queue."),
     "reserved_node": gettext_noop(
         "Waited long enough to reserve %(node)s: nothing else of this model starts there until this fits."

@@ -547,29 +547,44 @@ SKIP_LOCKED_ROUNDS = 4
 TRIES_PER_ROUND = 16
 
 
-def allocation_place(*, session_id, gpu_model, profile, index=None, excluded_nodes=()) -> Placed | None:
+def allocation_place(
+    *, session_id, gpu_model, profile, index=None, excluded_nodes=(), preferred_nodes=()
+) -> Placed | None:
     """Give session ``session_id`` the best free block for ``profile`` on ``gpu_model`` (a multi-GPU
     profile: every slot of N GPUs of one node, all or nothing), or None when nothing fits (the database's
     committed state has no fitting block, or every fitting one was taken by placements that committed
-    first). Nothing on ``excluded_nodes`` (nodes reserved for others). Call inside the caller's
-    transaction; the session row may be inserted later in it (foreign keys are checked at commit).
-    ``index`` is a ``free_index`` read before the transaction, used for the first round when no node is
-    excluded.
+    first). Nothing on ``excluded_nodes`` (nodes reserved for others). With ``preferred_nodes`` (where the
+    user's home is) a block there comes first, however the policy ranks it; elsewhere only when none of
+    them has one. Call inside the caller's transaction; the session row may be inserted later in it
+    (foreign keys are checked at commit). ``index`` is a ``free_index`` read before the transaction,
+    used for the first round when no node is excluded or preferred.
 
     Locks (``FOR NO KEY UPDATE``, as everywhere in the provisioner: foreign keys are checked at commit
     with ``FOR KEY SHARE`` on the referenced device, which must not wait on a placement): one device row
     at a time with SKIP LOCKED; in the last round, every fitting device in id order, waiting. Never
     deadlocks with another placement or a heartbeat (which locks its node's devices in id order too):
     the only device locks waited for are taken in id order, and a placement that holds a device lock
-    waits for no other.
+    waits for no other. The preferred nodes are tried with SKIP LOCKED only, so a placement that goes on
+    to the others holds no device lock yet.
     """
+    request = request_for(gpu_model=gpu_model, profile=profile)
+    eligible = _eligible_devices(gpu_model, request).exclude(node_id__in=list(excluded_nodes))
+    if excluded_nodes or preferred_nodes:
+        index = None
+    if preferred_nodes:
+        home = eligible.filter(node_id__in=list(preferred_nodes))
+        placed = _place_among(session_id, gpu_model, request, home, index=None, wait=False)
+        if placed is not None:
+            return placed
+    return _place_among(session_id, gpu_model, request, eligible, index=index, wait=True)
+
+
+def _place_among(session_id, gpu_model, request: Request, eligible, *, index, wait: bool) -> Placed | None:
+    """``allocation_place`` over the devices ``eligible``: SKIP LOCKED rounds, then (``wait``) the
+    contended round that locks them all in id order."""
     from provisioner.models import Device
 
-    request = request_for(gpu_model=gpu_model, profile=profile)
     policy = gpu_model.placement_policy
-    eligible = _eligible_devices(gpu_model, request).exclude(node_id__in=list(excluded_nodes))
-    if excluded_nodes:
-        index = None
     for _round in range(SKIP_LOCKED_ROUNDS):
         free, meta = index if index is not None and _round == 0 else _index_of(gpu_model, eligible)
         tried = 0
@@ -582,6 +597,8 @@ def allocation_place(*, session_id, gpu_model, profile, index=None, excluded_nod
                 break
         if tried == 0:
             return None
+    if not wait:
+        return None
     # Contended: lock every eligible device of the request in id order, then decide on what is locked.
     locked = list(
         eligible.select_for_update(of=("self",), no_key=True).order_by("id").values_list("id", flat=True)
@@ -655,16 +672,20 @@ def reserve_node_pick(*, gpu_model, gpu_count: int, taken=()) -> int | None:
     )
 
 
-def cpu_node_pick():
-    """A cpu session goes to the active node running the fewest sessions."""
-    from django.db.models import Count, Q
+def cpu_node_pick(*, preferred_nodes=()):
+    """A cpu session goes to the active node running the fewest sessions, one of ``preferred_nodes``
+    (where the user's home is) first."""
+    from django.db.models import Case, Count, Q, Value, When
 
     from provisioner.models import Node, Session
 
+    home = Value(False)
+    if preferred_nodes:
+        home = Case(When(id__in=list(preferred_nodes), then=Value(True)), default=home)
     return (
         Node.objects.filter(state=Node.State.ACTIVE)
-        .annotate(live=Count("sessions", filter=Q(sessions__state__in=Session.ON_NODE)))
-        .order_by("live", "id")
+        .annotate(live=Count("sessions", filter=Q(sessions__state__in=Session.ON_NODE)), home=home)
+        .order_by("-home", "live", "id")
         .first()
     )
 

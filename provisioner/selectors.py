@@ -28,6 +28,7 @@ from provisioner.models import (
     Device,
     Environment,
     GpuModel,
+    HomeUsage,
     Node,
     Profile,
     Session,
@@ -84,6 +85,26 @@ def desired_workloads(*, node: Node) -> list[dict]:
         .order_by("created_at")
     )
     return [workload_spec(s) for s in sessions]
+
+
+HOMES_LABEL = ("homes", "shared")  # a node's label: it mounts the pool's shared homes root (docs/STORAGE.md)
+
+
+def home_nodes(*, user_id) -> frozenset[int]:
+    """The active nodes where this user's files are, for placement to prefer (empty: any node will do).
+    With shared homes: every node labelled ``homes: shared``. Otherwise the node that last measured the
+    user's home, or all the shared ones when that node is one of them. One or two queries."""
+    shared = Node.objects.filter(state=Node.State.ACTIVE, **{f"labels__{HOMES_LABEL[0]}": HOMES_LABEL[1]})
+    if settings.HOMES_BACKEND == "shared":
+        return frozenset(shared.values_list("id", flat=True))
+    measured = HomeUsage.objects.filter(user_id=user_id, node__state=Node.State.ACTIVE)
+    where = measured.values_list("node_id", "node__labels").first()
+    if where is None:
+        return frozenset()
+    node_id, labels = where
+    if isinstance(labels, dict) and labels.get(HOMES_LABEL[0]) == HOMES_LABEL[1]:
+        return frozenset(shared.values_list("id", flat=True))
+    return frozenset({node_id})
 
 
 def session_get_for_user(*, user, session_id) -> Session:

@@ -57,7 +57,7 @@ from provisioner.placement import (
 )
 from provisioner.quotas import quota_admit, quota_subjects
 from provisioner.sealing import new_token, seal
-from provisioner.selectors import queue_order, queue_served
+from provisioner.selectors import home_nodes, queue_order, queue_served
 from provisioner.services.events import event_fields, session_event
 from provisioner.services.preemption import (
     HELD,
@@ -261,7 +261,9 @@ def session_launch(
         account_can_launch(account=account, quote=spec.quote, gpu_model=spec.model_name)
         # Placed before the session row is written (its foreign keys are checked at commit), so a
         # launch that finds room writes the session once, already placing.
-        placed = _placement(session_id, model=spec.model, profile=spec.profile, candidates=candidates)
+        placed = _placement(
+            session_id, user_id=user.pk, model=spec.model, profile=spec.profile, candidates=candidates
+        )
         session = _launched_session_create(
             session_id,
             spec=spec,
@@ -418,22 +420,28 @@ def _launched_session_create(
     return session
 
 
-def _placement(session_id, *, model: GpuModel | None, profile: Profile, candidates=None) -> dict | None:
+def _placement(
+    session_id, *, user_id, model: GpuModel | None, profile: Profile, candidates=None
+) -> dict | None:
     """Take room for a session inside the caller's transaction, off the nodes that waiting multi-GPU
-    sessions reserved for themselves: the session fields that record where it runs, the reason to show
-    and its devices when it has several (``device_ids``), or None when nothing fits now.
-    ``candidates``: a ``free_index`` read before the transaction."""
+    sessions reserved for themselves, and where the user's home is when there is room there: the session
+    fields that record where it runs, the reason to show and its devices when it has several
+    (``device_ids``), or None when nothing fits now. ``candidates``: a ``free_index`` read before the
+    transaction."""
+    home = home_nodes(user_id=user_id)
     if model is None:
-        node = cpu_node_pick()
+        node = cpu_node_pick(preferred_nodes=home)
         if node is None:
             return None
-        return {"fields": {"node": node}, "reason": message("placed_on", node=node.name), "device_ids": ()}
+        reason = _placed_reason(node.id, node.name, home)
+        return {"fields": {"node": node}, "reason": reason, "device_ids": ()}
     placed = allocation_place(
         session_id=session_id,
         gpu_model=model,
         profile=profile,
         index=candidates,
         excluded_nodes=nodes_reserved(gpu_model=model, besides=session_id),
+        preferred_nodes=home,
     )
     if placed is None:
         return None
@@ -451,9 +459,16 @@ def _placement(session_id, *, model: GpuModel | None, profile: Profile, candidat
     }
     return {
         "fields": fields,
-        "reason": message("placed_on", node=placed.where.node_name),
+        "reason": _placed_reason(placed.where.node_id, placed.where.node_name, home),
         "device_ids": placed.device_ids,
     }
+
+
+def _placed_reason(node_id: int, node_name: str, home: frozenset[int]) -> Message:
+    """Where the session went; said plainly when that is away from the user's files."""
+    if home and node_id not in home:
+        return message("placed_away_from_home", node=node_name)
+    return message("placed_on", node=node_name)
 
 
 def _devices_record(session_id, device_ids) -> None:
@@ -468,7 +483,9 @@ def _place(session: Session, *, model: GpuModel | None, profile: Profile) -> boo
     transaction, so no other request sees them free); any other claim of it is released once placed."""
     held_on = held_slots_take(claimer=session) if model is not None else None
     candidates = free_index(gpu_model=model, devices=Device.objects.filter(id=held_on)) if held_on else None
-    placed = _placement(session.id, model=model, profile=profile, candidates=candidates)
+    placed = _placement(
+        session.id, user_id=session.owner_id, model=model, profile=profile, candidates=candidates
+    )
     if placed is None:
         return False
     moved = _transition(
