@@ -19,13 +19,14 @@ def _catalog_signals_connect() -> None:
     from django.db.models.signals import post_delete, post_save
 
     from billing.models import CardBurnRate, Price
-    from provisioner.catalog_cache import on_offer_saved
+    from provisioner.catalog_cache import on_node_saved, on_offer_saved
     from provisioner.models import Device, Environment, GpuModel, Node, Profile
 
     for model in (GpuModel, Profile, Environment, Price, CardBurnRate, Device):
         post_save.connect(on_offer_saved, sender=model, dispatch_uid=f"catalog.saved.{model.__name__}")
     for model in (GpuModel, Profile, Environment, Price, CardBurnRate, Node, Device):
         post_delete.connect(on_offer_saved, sender=model, dispatch_uid=f"catalog.deleted.{model.__name__}")
+    post_save.connect(on_node_saved, sender=Node, dispatch_uid="catalog.saved.Node")
 
 
 def _on_funds_exhausted(sender, session_refs: list[str] | None = None, **kwargs) -> None:

@@ -2,8 +2,9 @@
 built once and kept in the cache under a version, which every change that could alter it replaces.
 
 What changes it: the offer (models, profiles, environments, prices, card burn rates: their signals), the
-fleet (a node's state, a device's health or inventory: the heartbeat and node services call
-``catalog_changed``), and the slots in use (placement and every release of an allocation). Anything
+fleet (a node's saved state, labels or name and any device saved: their signals; bulk updates of
+devices and a node marked down by the liveness sweep call ``catalog_changed`` where they happen), and
+the slots in use (placement and every release of an allocation). Anything
 missed is bounded by ``CATALOG_CACHE_SECONDS``; a price that takes effect later caps the entry's life at
 its ``effective_from``. The cache failing (Redis down) means the catalog is built for each request.
 """
@@ -45,6 +46,15 @@ def _replace_version() -> None:
 
 def on_offer_saved(sender, **kwargs) -> None:
     """post_save / post_delete of what the catalog shows (models, profiles, environments, prices, burn
-    rates, devices) and of nodes removed. A node's own save is left out: every heartbeat saves it; its
-    state changes call ``catalog_changed`` where they happen."""
+    rates, devices) and of nodes removed."""
     catalog_changed()
+
+
+NODE_FIELDS_SHOWN = frozenset({"state", "labels", "name"})
+
+
+def on_node_saved(sender, update_fields=None, **kwargs) -> None:
+    """post_save of a node: a change of what placement and availability read (an admin's edit saves
+    every field). Every heartbeat saves its node's own fields, which change nothing shown."""
+    if update_fields is None or NODE_FIELDS_SHOWN & set(update_fields):
+        catalog_changed()

@@ -283,8 +283,9 @@ def queue_places(*, sessions: list[Session]) -> dict[uuid.UUID, QueuePlace]:
 
 def _queue_statistics(of_models: Q, model_ids: set) -> tuple[dict, dict]:
     """For each GPU model: the lengths of its recent sessions and its healthy devices, for the wait
-    estimate. The same for everyone: cached with the catalog (a stop and a device change drop both)."""
-    key = f"queue-statistics:{catalog_version()}:{sorted(map(str, model_ids))}"
+    estimate. The same for everyone, and an estimate: cached for ``CATALOG_CACHE_SECONDS`` on its own
+    key, not with the catalog, whose version every launch and stop replaces."""
+    key = f"queue-statistics:{sorted(map(str, model_ids))}"
     found = cache.get(key)
     if found is not None:
         return found

@@ -685,11 +685,12 @@ def heartbeat_record(*, node: Node, body) -> HeartbeatAnswer:
         node.runtime = str(body.get("runtime") or "")[:32]
         node.driver_version = str(body["inventory"].get("driver_version") or "")[:32]
         node.cuda_version = str(body["inventory"].get("cuda_version") or "")[:32]
+        fields = ["last_heartbeat_at", "agent_version", "runtime", "driver_version", "cuda_version"]
         if node.state == Node.State.DOWN:
             node.state = node.state_before_down or Node.State.ACTIVE
             node.state_before_down = ""
-            catalog_changed()
-        node.save()
+            fields += ["state", "state_before_down"]  # the catalog is told by the save (provisioner.apps)
+        node.save(update_fields=fields)  # what the beat says, nothing an admin edited meanwhile
         desired = desired_workloads(node=node)
     return HeartbeatAnswer(desired, settings.AGENT_HEARTBEAT_INTERVAL_SECONDS)
 

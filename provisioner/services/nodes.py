@@ -54,8 +54,7 @@ def node_enroll(*, name: str, address: str, labels: dict | None = None, actor=No
             node.token_sealed = seal(token)
         if labels is not None:
             node.labels = labels
-        node.save()
-        catalog_changed()
+        node.save()  # the catalog is told by the save (provisioner.apps)
         audit_record(
             actor=actor,
             action="node.enroll" if created else "node.token_rotate",
@@ -118,8 +117,7 @@ def node_set_state(*, node_id: int, action: str, actor=None, reason: str = "") -
             raise Conflict(_REFUSED_ACTION[action] % {"state": node.state})
         else:
             node.state = target
-        node.save(update_fields=["state", "state_before_down"])
-        catalog_changed()
+        node.save(update_fields=["state", "state_before_down"])  # tells the catalog
         audit_record(
             actor=actor,
             action=f"node.{action}",
@@ -151,8 +149,7 @@ def device_set_sharing_policy(*, device_id: int, sharing_policy: str, actor=None
             raise Conflict(_("Stop the sessions on this GPU before changing its sharing policy."))
         before = {"sharing_policy": device.sharing_policy}
         device.sharing_policy = sharing_policy
-        device.save(update_fields=["sharing_policy"])
-        catalog_changed()
+        device.save(update_fields=["sharing_policy"])  # tells the catalog
         audit_record(
             actor=actor,
             action="device.sharing_policy",
