@@ -12,9 +12,9 @@ from datetime import datetime
 from functools import reduce
 
 from django.conf import settings
-from django.db import connection, transaction
-from django.db.models import CharField, Count, OuterRef, Q, QuerySet, Subquery, Sum
-from django.db.models.functions import Cast
+from django.db import transaction
+from django.db.models import CharField, Count, F, OuterRef, Q, QuerySet, Subquery, Sum
+from django.db.models.functions import Cast, Coalesce
 from django.template.defaultfilters import filesizeformat
 from django.utils import timezone
 from django.utils.translation import gettext as _
@@ -99,22 +99,32 @@ class Usage:
     card_micros: int = 0  # card-hours burned this month, in micro card-hours
 
 
-def _usage(sessions, *, spend: bool = True) -> Usage:
-    """Live sessions and eighths in one query; this month's spend (one more) unless ``spend`` is False,
-    when ``spend_micros`` is 0 (admission skips it where no cap applies)."""
-    live = sessions.filter(state__in=Session.LIVE).aggregate(
-        count=Count("id"), eighths=Sum("profile__quota_eighths")
-    )
-    spent = card = 0
-    if spend:
-        refs = (
-            sessions.filter(created_at__gte=month_start()).annotate(ref=Cast("id", CharField())).values("ref")
-        )
-        totals = Meter.objects.filter(session_ref__in=refs).aggregate(
-            c=Sum("charged_micros"), a=Sum("accrued_micros"), k=Sum("card_charged_micros")
-        )
-        spent, card = (totals["c"] or 0) + (totals["a"] or 0), totals["k"] or 0
-    return Usage(live["count"], live["eighths"] or 0, spent, card if spend else 0)
+def _use(month: datetime) -> dict:
+    """The one way use is summed, over sessions that are live or began in ``month``'s month: live
+    sessions and eighths, and this month's spend and card burn from each session's meter."""
+    live, this_month = Q(state__in=Session.LIVE), Q(created_at__gte=month)
+
+    def meter(figure):
+        of_session = Meter.objects.filter(session_ref=Cast(OuterRef("id"), CharField()))
+        return Subquery(of_session.annotate(figure=figure).values("figure")[:1])
+
+    return {
+        "live_sessions": Count("id", filter=live),
+        "live_eighths": Coalesce(Sum("profile__quota_eighths", filter=live), 0),
+        "spend": Coalesce(Sum(meter(F("charged_micros") + F("accrued_micros")), filter=this_month), 0),
+        "card": Coalesce(Sum(meter(F("card_charged_micros")), filter=this_month), 0),
+    }
+
+
+def _counted(sessions: QuerySet[Session], month: datetime) -> QuerySet[Session]:
+    return sessions.filter(Q(state__in=Session.LIVE) | Q(created_at__gte=month))
+
+
+def _usage(sessions: QuerySet[Session]) -> Usage:
+    """Live sessions and eighths, this month's spend and card burn: one query."""
+    month = month_start()
+    figures = _counted(sessions, month).aggregate(**_use(month))
+    return Usage(figures["live_sessions"], figures["live_eighths"], figures["spend"], figures["card"])
 
 
 def usage_of_user(*, user) -> Usage:
@@ -129,22 +139,6 @@ def usage_of_member(*, user, account: Account) -> Usage:
     return _usage(Session.objects.filter(owner=user, account=account))
 
 
-# Each owner's live sessions and eighths, and this month's spend and card burn, on one account: one pass
-# over its sessions that are live or began this month, with their meters (one per session).
-_ACCOUNT_USE = """
-SELECT s.owner_id,
-       count(*) FILTER (WHERE s.state = ANY(%(live)s)),
-       COALESCE(sum(p.quota_eighths) FILTER (WHERE s.state = ANY(%(live)s)), 0)::bigint,
-       COALESCE(sum(m.charged_micros + m.accrued_micros) FILTER (WHERE s.created_at >= %(month)s), 0)::bigint,
-       COALESCE(sum(m.card_charged_micros) FILTER (WHERE s.created_at >= %(month)s), 0)::bigint
-FROM provisioner_session s
-JOIN provisioner_profile p ON p.id = s.profile_id
-LEFT JOIN billing_meter m ON m.session_ref = s.id::text
-WHERE s.account_id = %(account)s AND (s.state = ANY(%(live)s) OR s.created_at >= %(month)s)
-GROUP BY s.owner_id
-"""
-
-
 @dataclass(frozen=True)
 class AccountUse:
     """A team account's own limits and use, and each member's cap inside it and use of it."""
@@ -156,15 +150,19 @@ class AccountUse:
 
 def account_use(*, account: Account) -> AccountUse:
     """``limits_for_account``, ``usage_of_account`` and ``members_of_account`` at once, in two queries
-    however many members and sessions: the account's quota rows, and one pass over its sessions."""
+    however many members and sessions: the account's quota rows, and ``_use`` over its sessions grouped
+    by owner."""
     rows = list(Quota.objects.filter(account=account))
     own = next((q for q in rows if q.user_id is None), None)
     caps = {q.user_id: _overlay(_no_limits(), q) for q in rows if q.user_id is not None}
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _ACCOUNT_USE, {"account": account.pk, "live": list(Session.LIVE), "month": month_start()}
-        )
-        used = {owner: Usage(*figures) for owner, *figures in cursor.fetchall()}
+    month = month_start()
+    rows = (
+        _counted(Session.objects.filter(account=account), month)
+        .values("owner_id")
+        .annotate(**_use(month))
+        .values_list("owner_id", "live_sessions", "live_eighths", "spend", "card")
+    )
+    used = {owner: Usage(*figures) for owner, *figures in rows}
     nothing = Usage(0, 0, 0)
     members = {
         user: (caps.get(user, _no_limits()), used.get(user, nothing)) for user in caps.keys() | used.keys()
