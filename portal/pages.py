@@ -24,6 +24,7 @@ from django.utils.translation import gettext as _
 from billing import selectors as billing_selectors
 from billing.models import Account, Card, Entry, LedgerAccount, Transfer
 from billing.services import cards as card_services
+from billing.services.storage import storage_cost
 from billing.services.topups import amount_parse, topup_create
 from core.errors import ApplicationError, ValidationFailed
 from core.units import hours_to_micros
@@ -176,6 +177,8 @@ def dashboard(request: HttpRequest) -> HttpResponse:
         "running": running_sessions(user=request.user),
         "home": home_use_of(request.user),  # read with the request's user: no query
     }
+    # storage's price, where one is set (cached: no query)
+    context["storage"] = context["home"] and storage_cost(home_bytes=context["home"].bytes)
     return render(request, "portal/dashboard.html", context)
 
 
