@@ -36,13 +36,14 @@ from provisioner.quotas import home_use_of
 
 
 def daily_spend(*, account: Account, days: int = 30) -> list[tuple[str, int]]:
-    """Money spent per day (usage postings from wallet and overdraft), oldest first, zero-filled."""
+    """Money spent per day (GPU time and home storage, from wallet and overdraft), oldest first,
+    zero-filled."""
     since = timezone.localdate() - timedelta(days=days - 1)
     rows = (
         Entry.objects.filter(
             account__owner=account,
             account__kind__in=[LedgerAccount.Kind.WALLET, LedgerAccount.Kind.OVERDRAFT],
-            transfer__kind=Transfer.Kind.USAGE,
+            transfer__kind__in=[Transfer.Kind.USAGE, Transfer.Kind.STORAGE],
             amount_micros__lt=0,
             transfer__created_at__date__gte=since,
         )

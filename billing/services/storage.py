@@ -22,7 +22,7 @@ from billing.audit import audit_record
 from billing.models import CARD_UNIT, LedgerAccount, StoragePrice, Transfer
 from billing.services.ledger import Leg, bulk_cursor, money_unit, system_account, transfers_post_many
 from billing.services.metering import payer_legs, payers_lock
-from billing.services.pricing import _current
+from billing.services.pricing import version_current
 from core.clock import db_now
 from core.errors import ValidationFailed
 
@@ -76,7 +76,7 @@ def _rate(row: StoragePrice | None) -> StorageRate | None:
 
 def storage_rate_at(*, at: datetime) -> StorageRate | None:
     """The storage price in effect at ``at``; None: storage is free then."""
-    return _rate(_current(StoragePrice.objects.all(), at))
+    return _rate(version_current(StoragePrice.objects.all(), at))
 
 
 def storage_rate_current() -> StorageRate | None:
@@ -127,7 +127,7 @@ def storage_price_set(
             fields={"effective_from": "invalid"},
         )
     with transaction.atomic():
-        before = _current(StoragePrice.objects.all(), None)
+        before = version_current(StoragePrice.objects.all(), None)
         fields = {"effective_from": effective_from} if effective_from else {}
         row = StoragePrice.objects.create(
             price_micros_per_gb_month=price_micros_per_gb_month,
@@ -165,6 +165,14 @@ def _audited(row: StoragePrice | None) -> dict | None:
     }
 
 
+def storage_day_start(*, day: date) -> datetime:
+    """00:00 UTC of ``day``, when its storage price is read. Raises ValidationFailed unless ``day`` is a
+    date (a datetime is not)."""
+    if not isinstance(day, date) or isinstance(day, datetime):
+        raise ValidationFailed(_("The day must be a date."), fields={"day": "invalid"})
+    return datetime.combine(day, time.min, tzinfo=UTC)
+
+
 def storage_key(*, user_id: int, day: date) -> str:
     """The idempotency key of a user's storage charge for ``day``; each leg adds its source to it."""
     return f"storage:{user_id}:{day.isoformat()}"
@@ -179,9 +187,7 @@ def storage_charge_many(*, charges: list[StorageCharge], day: date) -> int:
     first and then finds its transfers. A home at or under the allowance, a charge that rounds to zero or
     no price: nothing. Raises ValidationFailed for a bad day or a negative size, before anything is written.
     """
-    if not isinstance(day, date) or isinstance(day, datetime):
-        raise ValidationFailed(_("The day must be a date."), fields={"day": "invalid"})
-    day_start = datetime.combine(day, time.min, tzinfo=UTC)
+    day_start = storage_day_start(day=day)
     now = db_now()
     if day_start > now:
         raise ValidationFailed(_("A day that has not begun cannot be charged."), fields={"day": "future"})

@@ -3,9 +3,15 @@ sizes are the provisioner's (``HomeUsage``), so they are read here and handed do
 
 from __future__ import annotations
 
-from datetime import UTC, date, datetime, time
+from datetime import UTC, date
 
-from billing.services.storage import GB, StorageCharge, storage_charge_many, storage_rate_at
+from billing.services.storage import (
+    GB,
+    StorageCharge,
+    storage_charge_many,
+    storage_day_start,
+    storage_rate_at,
+)
 from core.clock import db_now
 from provisioner.models import HomeUsage
 
@@ -14,11 +20,9 @@ def home_storage_charge(*, day: date | None = None) -> int:
     """Charge every home measured above the free allowance for ``day`` (default: today, UTC, by the
     database clock) to its user's own account; returns the transfers written. Idempotent per user and day
     (``storage_charge_many``): the hourly beat task charges each user once a day. No price: reads nothing
-    more."""
+    more. Raises ValidationFailed for a bad day."""
     day = day or db_now().astimezone(UTC).date()
-    if not isinstance(day, date) or isinstance(day, datetime):
-        return storage_charge_many(charges=[], day=day)  # the service refuses it
-    rate = storage_rate_at(at=datetime.combine(day, time.min, tzinfo=UTC))
+    rate = storage_rate_at(at=storage_day_start(day=day))
     if rate is None:
         return 0
     rows = HomeUsage.objects.filter(bytes__gt=rate.free_gb * GB, user__account__isnull=False).values_list(

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import connection
+from django.test import Client
 
 from billing.models import AuditEntry, LedgerAccount, StoragePrice, Transfer
 from billing.services.cards import card_batch_issue, card_redeem
@@ -111,15 +112,23 @@ def test_a_price_set_during_the_day_starts_with_the_next_day():
 
 
 def test_the_same_day_charged_twice_moves_money_once_and_a_new_day_charges_again():
-    user = _user("fa", wallet=10_000_000)
+    # a wallet that cannot pay twice: a second charge would spill into the overdraft under new keys
+    user = _user("fa", wallet=1_500_000)
     _yesterday_price(price_micros_per_gb_month=3_000_000)
     yesterday = _today() - timedelta(days=1)
-    assert _charge(user, 10 * GB) == 1
+    assert _charge(user, 10 * GB) == 1  # ¥1
     assert _charge(user, 20 * GB) == 0  # grew since: today is already charged
-    assert _charge(user, 10 * GB, day=yesterday) == 1
+    assert wallet_for(account=user.account).balance_micros == 500_000
+    assert overdraft_for(account=user.account).balance_micros == 0
+    assert _charge(user, 10 * GB, day=yesterday) == 2  # ¥0.50 from the wallet, ¥0.50 owed
     assert _charge(user, 10 * GB, day=yesterday) == 0
-    assert sorted(t.memo for t in _storage_transfers(user)) == [yesterday.isoformat(), _today().isoformat()]
-    assert wallet_for(account=user.account).balance_micros == 8_000_000
+    assert sorted(t.memo for t in _storage_transfers(user)) == [
+        yesterday.isoformat(),
+        yesterday.isoformat(),
+        _today().isoformat(),
+    ]
+    assert wallet_for(account=user.account).balance_micros == 0
+    assert overdraft_for(account=user.account).balance_micros == -500_000
     assert_ledger_invariants()
 
 
@@ -192,7 +201,8 @@ def test_a_price_version_leaves_an_audit_row():
 
 @pytest.mark.django_db(transaction=True)
 def test_two_workers_at_once_charge_a_day_once():
-    users = [_user(f"race{i}", wallet=10_000_000) for i in range(3)]
+    # wallets that cannot pay twice: a second charge would go on into the overdraft
+    users = [_user(f"race{i}", wallet=4_000_000) for i in range(3)]
     _yesterday_price(price_micros_per_gb_month=3_000_000)
     charges = [StorageCharge(u.id, u.account_id, 30 * GB) for u in users]
     barrier = threading.Barrier(4)
@@ -209,5 +219,30 @@ def test_two_workers_at_once_charge_a_day_once():
     assert sorted(written) == [0, 0, 0, 3]
     for user in users:
         assert [t.amount_micros for t in _storage_transfers(user)] == [3_000_000]
-        assert wallet_for(account=user.account).balance_micros == 7_000_000
+        assert wallet_for(account=user.account).balance_micros == 1_000_000
+        assert overdraft_for(account=user.account).balance_micros == 0
     assert_ledger_invariants()
+
+
+def test_an_admin_adds_a_version_through_the_service_and_a_negative_price_is_refused():
+    admin_user = user_create(username="root", email="r@example.com", password="pw-123456789", is_staff=True)
+    admin_user.is_superuser = True
+    admin_user.save(update_fields=["is_superuser"])
+    client = Client()
+    client.force_login(admin_user)
+    form = {
+        "price_micros_per_gb_month": "3000000",
+        "free_gb": "5",
+        "card_micros_per_gb_month": "",
+        "effective_from_0": "2026-01-01",
+        "effective_from_1": "00:00:00",
+    }
+    refused = client.post("/admin/billing/storageprice/add/", {**form, "price_micros_per_gb_month": "-1"})
+    assert refused.status_code == 200  # the form again, with the error
+    assert StoragePrice.objects.count() == 0
+    assert client.post("/admin/billing/storageprice/add/", form).status_code == 302
+    row = StoragePrice.objects.get()
+    assert (row.price_micros_per_gb_month, row.free_gb, row.card_micros_per_gb_month) == (3_000_000, 5, None)
+    assert row.created_by == admin_user
+    assert AuditEntry.objects.filter(action="storage_price.set", actor=admin_user).count() == 1
+    assert client.get(f"/admin/billing/storageprice/{row.id}/change/").status_code == 200  # read-only view

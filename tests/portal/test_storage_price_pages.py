@@ -15,6 +15,7 @@ from django.utils import timezone
 from billing.services.storage import StorageCharge, storage_charge_many, storage_price_set
 from billing.services.topups import wallet_credit_promotion
 from core.clock import db_now
+from portal.pages import daily_spend
 from portal.services import user_create
 from provisioner.models import HomeUsage
 
@@ -91,6 +92,7 @@ def test_the_wallet_history_shows_the_daily_charge_as_home_storage_of_its_day(la
     history = _page(user, "/wallet/")
     assert label.format(day=day.isoformat()) in history
     assert "-¥1.20" in history or "−¥1.20" in history
+    assert daily_spend(account=user.account)[-1][1] == 1_200_000  # the spend chart counts it
 
 
 def test_the_price_costs_the_dashboard_no_query_once_cached():

@@ -12,8 +12,10 @@ from billing.services.ledger import wallet_for
 from billing.services.storage import storage_price_set
 from billing.services.topups import wallet_credit_promotion
 from core.clock import db_now
+from core.errors import ValidationFailed
 from portal.services import user_create
 from provisioner.models import HomeUsage
+from provisioner.services.home_storage import home_storage_charge
 from provisioner.tasks import home_storage_charge_task
 
 pytestmark = pytest.mark.django_db
@@ -49,7 +51,11 @@ def test_the_task_charges_homes_over_the_allowance_once_a_day_however_often_it_r
     assert wallet_for(account=small.account).balance_micros == 10_000_000
 
 
-def test_without_a_price_the_task_charges_nothing():
+def test_without_a_price_the_task_charges_nothing_and_a_bad_day_is_refused():
     _home("free", 500 * GB)
     assert home_storage_charge_task() == 0
+    storage_price_set(price_micros_per_gb_month=3_000_000, effective_from=db_now() - timedelta(days=1))
+    for day in ("2026-12-06", db_now(), db_now().date() + timedelta(days=1)):
+        with pytest.raises(ValidationFailed):
+            home_storage_charge(day=day)
     assert not Transfer.objects.filter(kind="storage").exists()
