@@ -169,7 +169,9 @@ def artifacts_dir() -> Path:
 @pytest.fixture(autouse=True)
 def _catalog_cache_fresh():
     """The cached catalog outlives a test's rolled-back rows: every test starts without one."""
+    from billing.services.storage import storage_price_cache_drop
     from provisioner.catalog_cache import _replace_version
 
     _replace_version()
+    storage_price_cache_drop()  # the storage price's, too
     yield

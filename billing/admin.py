@@ -30,6 +30,7 @@ from billing.models import (
     LedgerHold,
     Meter,
     Price,
+    StoragePrice,
     StripeEvent,
     TopUp,
     TopUpDispute,
@@ -39,6 +40,7 @@ from billing.services.cards import card_batch_issue
 from billing.services.ledger import wallet_adjust, wallet_for
 from billing.services.pricing import burn_rate_set, price_set
 from billing.services.reconcile import ledger_hold_resolve
+from billing.services.storage import storage_price_set
 from core.admin import ReadOnlyAdmin
 from core.errors import ApplicationError
 from core.units import hours_to_micros
@@ -259,6 +261,32 @@ class CardBurnRateAdmin(VersionedAdmin):
     def save_model(self, request, obj: CardBurnRate, form, change) -> None:
         obj.pk = burn_rate_set(
             gpu_model=obj.gpu_model, multiplier_milli=obj.multiplier_milli, actor=request.user, reason="admin"
+        ).pk
+
+
+@admin.register(StoragePrice)
+class StoragePriceAdmin(VersionedAdmin):
+    """Home storage per GB-month above a free allowance, charged daily (docs/STORAGE.md)."""
+
+    list_display = ("price", "card_rate", "free_gb", "effective_from", "created_by")
+    fields = ("price_micros_per_gb_month", "free_gb", "card_micros_per_gb_month", "effective_from")
+
+    @admin.display(description="price / GB-month", ordering="price_micros_per_gb_month")
+    def price(self, obj: StoragePrice) -> str:
+        return _micros(obj.price_micros_per_gb_month)
+
+    @admin.display(description="card-hours / GB-month")
+    def card_rate(self, obj: StoragePrice) -> str:
+        return _micros(obj.card_micros_per_gb_month)
+
+    def save_model(self, request, obj: StoragePrice, form, change) -> None:
+        obj.pk = storage_price_set(
+            price_micros_per_gb_month=obj.price_micros_per_gb_month,
+            free_gb=obj.free_gb,
+            card_micros_per_gb_month=obj.card_micros_per_gb_month,
+            effective_from=form.cleaned_data.get("effective_from"),
+            actor=request.user,
+            reason="admin",
         ).pk
 
 

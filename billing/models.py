@@ -134,6 +134,7 @@ class Transfer(models.Model):
         DISPUTE_HOLD = "dispute_hold", _("Disputed payment held")
         DISPUTE_RELEASE = "dispute_release", _("Dispute won, payment released")
         DISPUTE_LOST = "dispute_lost", _("Dispute lost")
+        STORAGE = "storage", _("Home storage")
 
     debit = models.ForeignKey(LedgerAccount, on_delete=models.PROTECT, related_name="debits")
     credit = models.ForeignKey(LedgerAccount, on_delete=models.PROTECT, related_name="credits")
@@ -217,6 +218,38 @@ class Price(models.Model):
 
     def __str__(self) -> str:
         return f"{self.gpu_model or 'cpu'} {self.profile}: {self.price_micros_per_hour}/h"
+
+
+class StoragePrice(models.Model):
+    """What one GB (10^9 bytes) of a home above ``free_gb`` costs a month from ``effective_from`` on,
+    charged daily (a thirtieth a day). No row: storage is free. ``card_micros_per_gb_month``: card-hour
+    micros a GB-month burns from cards not tied to a GPU model, which pay before the wallet; none:
+    cards do not pay for storage."""
+
+    price_micros_per_gb_month = models.BigIntegerField()
+    card_micros_per_gb_month = models.BigIntegerField(null=True, blank=True)
+    free_gb = models.BigIntegerField(default=0)
+    effective_from = models.DateTimeField(db_default=Now())
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(price_micros_per_gb_month__gte=0, free_gb__gte=0)
+                & (
+                    models.Q(card_micros_per_gb_month__isnull=True)
+                    | models.Q(card_micros_per_gb_month__gte=0)
+                ),
+                name="storage_price_nonnegative",
+            ),
+        ]
+        indexes = [models.Index(fields=["-effective_from"], name="storage_price_current")]
+
+    def __str__(self) -> str:
+        return f"storage: {self.price_micros_per_gb_month}/GB-month over {self.free_gb} GB"
 
 
 class CardBurnRate(models.Model):

@@ -8,6 +8,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.csrf import ensure_csrf_cookie
 
+from billing.services.storage import storage_cost
 from core.errors import ApplicationError
 from portal.homes import CHUNK_MAX_BYTES, FilesUnavailable, home_storage
 from provisioner.quotas import home_use_of
@@ -26,6 +27,8 @@ def files(request: HttpRequest) -> HttpResponse:
         "chunk_bytes": CHUNK_MAX_BYTES,
         "home": home_use_of(request.user),
     }
+    # storage's price, where one is set (cached: no query)
+    context["storage"] = context["home"] and storage_cost(home_bytes=context["home"].bytes)
     try:
         context["entries"] = list(home_storage().listing(folder=workload_user(request.user), path=path))
     except FilesUnavailable as exc:

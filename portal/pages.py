@@ -24,6 +24,7 @@ from django.utils.translation import gettext as _
 from billing import selectors as billing_selectors
 from billing.models import Account, Card, Entry, LedgerAccount, Transfer
 from billing.services import cards as card_services
+from billing.services.storage import storage_cost
 from billing.services.topups import amount_parse, topup_create
 from core.errors import ApplicationError, ValidationFailed
 from core.units import hours_to_micros
@@ -35,13 +36,14 @@ from provisioner.quotas import home_use_of
 
 
 def daily_spend(*, account: Account, days: int = 30) -> list[tuple[str, int]]:
-    """Money spent per day (usage postings from wallet and overdraft), oldest first, zero-filled."""
+    """Money spent per day (GPU time and home storage, from wallet and overdraft), oldest first,
+    zero-filled."""
     since = timezone.localdate() - timedelta(days=days - 1)
     rows = (
         Entry.objects.filter(
             account__owner=account,
             account__kind__in=[LedgerAccount.Kind.WALLET, LedgerAccount.Kind.OVERDRAFT],
-            transfer__kind=Transfer.Kind.USAGE,
+            transfer__kind__in=[Transfer.Kind.USAGE, Transfer.Kind.STORAGE],
             amount_micros__lt=0,
             transfer__created_at__date__gte=since,
         )
@@ -176,6 +178,8 @@ def dashboard(request: HttpRequest) -> HttpResponse:
         "running": running_sessions(user=request.user),
         "home": home_use_of(request.user),  # read with the request's user: no query
     }
+    # storage's price, where one is set (cached: no query)
+    context["storage"] = context["home"] and storage_cost(home_bytes=context["home"].bytes)
     return render(request, "portal/dashboard.html", context)
 
 

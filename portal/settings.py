@@ -278,6 +278,7 @@ try:  # the beat schedule, in seconds
     _queue_dispatch = env("QUEUE_DISPATCH_SECONDS", 10.0)
     _session_limits_sweep = env("SESSION_LIMITS_SWEEP_SECONDS", 15.0)
     _daily_grants = env("DAILY_GRANTS_SECONDS", 3600.0)
+    _home_storage_charge = env("HOME_STORAGE_CHARGE_SECONDS", 3600.0)
 except ConfigError as exc:
     _fail(str(exc))
 CELERY_BEAT_SCHEDULE = {
@@ -290,6 +291,12 @@ CELERY_BEAT_SCHEDULE = {
     "billing-ledger-reconcile": {
         "task": "billing.tasks.ledger_reconcile_task",
         "schedule": _ledger_reconcile,
+    },
+    # the daily home storage charge: hourly, each user once per UTC day (the task is the provisioner's,
+    # which reads the homes' sizes; billing prices and posts it: billing/services/storage.py)
+    "billing-home-storage-charge": {
+        "task": "provisioner.tasks.home_storage_charge_task",
+        "schedule": _home_storage_charge,
     },
     # --- provisioner schedule (owned by provisioner) ---
     "provisioner-liveness": {"task": "provisioner.tasks.nodes_liveness_task", "schedule": _liveness_sweep},

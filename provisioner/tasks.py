@@ -17,6 +17,7 @@ from provisioner.selectors import workload_spec
 from provisioner.services import limits
 from provisioner.services import sessions as lifecycle
 from provisioner.services.heartbeats import nodes_liveness_sweep
+from provisioner.services.home_storage import home_storage_charge
 
 log = logging.getLogger("provisioner.tasks")
 S = Session.State
@@ -146,6 +147,12 @@ def workload_delete_task(self, node_id: int, session_id: str) -> str:
 @shared_task
 def nodes_liveness_task() -> list[str]:
     return nodes_liveness_sweep()
+
+
+@shared_task(ignore_result=True)
+def home_storage_charge_task() -> int:
+    """Hourly: charge today's home storage (once per user and UTC day, whichever run gets there)."""
+    return home_storage_charge()
 
 
 @shared_task

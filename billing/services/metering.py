@@ -338,7 +338,7 @@ def _row(meter: Meter) -> dict:
 
 
 @dataclass
-class _Payers:
+class Payers:
     """The locked ledger accounts the due meters draw on, by owner, and every balance as it moves."""
 
     balance: dict[int, int]  # ledger account id -> balance, moved on as legs are planned
@@ -353,11 +353,11 @@ def _post(meters: list[dict], *, now: datetime) -> int:
     revenue = system_account(kind=LedgerAccount.Kind.REVENUE, unit=unit)
     burned = system_account(kind=LedgerAccount.Kind.CARD_BURN, unit=CARD_UNIT)
     with bulk_cursor() as cursor:
-        payers = _payers_lock(cursor, meters, system_ids=[revenue.id, burned.id], unit=unit, now=now)
+        payers = payers_lock(cursor, meters, system_ids=[revenue.id, burned.id], unit=unit, now=now)
         legs: list[Leg] = []
         meter_updates: list[tuple] = []
         for m in meters:
-            meter_legs, update = _meter_legs(m, payers, revenue_id=revenue.id, burned_id=burned.id)
+            meter_legs, update = payer_legs(m, payers, revenue_id=revenue.id, burned_id=burned.id)
             legs += meter_legs
             meter_updates.append(update)
         transfers = transfers_post_many(legs=legs)
@@ -377,9 +377,9 @@ def _post(meters: list[dict], *, now: datetime) -> int:
     return len(transfers)
 
 
-def _payers_lock(
+def payers_lock(
     cursor: psycopg.Cursor, meters: list[dict], *, system_ids: list[int], unit: str, now: datetime
-) -> _Payers:
+) -> Payers:
     """Lock, in id order, the system accounts and every wallet, overdraft and usable card of the meters'
     accounts; a wallet or overdraft that is missing is made first (meter_open makes both; a meter
     written another way gets them here)."""
@@ -401,7 +401,7 @@ def _payers_lock(
         """,
         {"system": bigint_array(system_ids), "accounts": bigint_array(account_ids), "unit": unit, "now": now},
     )
-    payers = _Payers(balance={}, wallet={}, overdraft={}, cards={})
+    payers = Payers(balance={}, wallet={}, overdraft={}, cards={})
     for la_id, kind, owner_id, bal, models, expires_at in cursor.fetchall():
         payers.balance[la_id] = bal
         if kind == "wallet":
@@ -449,25 +449,34 @@ def _leg_planned(
     )
 
 
-def _meter_legs(m: dict, payers: _Payers, *, revenue_id: int, burned_id: int) -> tuple[list[Leg], tuple]:
-    """One due meter's legs (cards first, then the wallet, the rest to the overdraft), moving the payers'
-    balances on, and its row for the meters' update."""
+def payer_legs(
+    m: dict,
+    payers: Payers,
+    *,
+    revenue_id: int,
+    burned_id: int,
+    base: str | None = None,
+    card_kind: str = Transfer.Kind.CARD_BURN,
+    money_kind: str = Transfer.Kind.USAGE,
+) -> tuple[list[Leg], tuple]:
+    """Who pays a meter's unposted seconds: its legs (cards first, then the wallet, the rest to the
+    overdraft), moving the payers' balances on, and its row for the meters' update.
+
+    The one payer rule of billing: the metering tick calls it for each due meter, the daily storage
+    charge (``billing.services.storage``) with a day's charge as a meter-shaped row (``id`` None). Legs are
+    keyed ``<base>:card:<ledger account>``, ``<base>:wallet`` and ``<base>:overdraft``."""
     balance = payers.balance
     legs: list[Leg] = []
     card_s0, wallet_s0 = m["card_seconds"], m["wallet_seconds"]
     card_s = card_s0
-    base = f"meter:{m['id']}:{m['posted_seconds']}-{m['billed_seconds']}"
+    base = base or f"meter:{m['id']}:{m['posted_seconds']}-{m['billed_seconds']}"
     for la_id, seconds in _allocate(m, payers.cards.get(m["account_id"], []), balance):
         amount = _cost(m["card_burn_micros_per_hour"], card_s + seconds) - _cost(
             m["card_burn_micros_per_hour"], card_s
         )
         card_s += seconds
         if amount:
-            legs.append(
-                _leg_planned(
-                    balance, la_id, burned_id, amount, Transfer.Kind.CARD_BURN, m, f"{base}:card:{la_id}"
-                )
-            )
+            legs.append(_leg_planned(balance, la_id, burned_id, amount, card_kind, m, f"{base}:card:{la_id}"))
     wallet_s = wallet_s0 + (m["billed_seconds"] - m["posted_seconds"]) - (card_s - card_s0)
     price = m["price_micros_per_hour"]
     money = _cost(price, wallet_s) - _cost(price, wallet_s0)
@@ -475,9 +484,7 @@ def _meter_legs(m: dict, payers: _Payers, *, revenue_id: int, burned_id: int) ->
     from_wallet = min(money, balance[w_id])
     for la_id, amount, source in ((w_id, from_wallet, "wallet"), (o_id, money - from_wallet, "overdraft")):
         if amount:
-            legs.append(
-                _leg_planned(balance, la_id, revenue_id, amount, Transfer.Kind.USAGE, m, f"{base}:{source}")
-            )
+            legs.append(_leg_planned(balance, la_id, revenue_id, amount, money_kind, m, f"{base}:{source}"))
     update = (
         m["id"],
         m["billed_seconds"],

@@ -56,13 +56,14 @@ def profile_fraction(profile: str) -> Fraction:
     raise NotFound(_("Unknown profile %(profile)s.") % {"profile": repr(profile)})
 
 
-def _current(queryset, at: datetime | None):
+def version_current(queryset, at: datetime | None):
+    """The version of ``queryset`` (rows with ``effective_from``) in effect at ``at`` (default: now)."""
     queryset = queryset.filter(effective_from__lte=at) if at else queryset.filter(effective_from__lte=Now())
     return queryset.order_by("-effective_from", "-id").first()
 
 
 def burn_multiplier_milli(*, gpu_model: str, at: datetime | None = None) -> int:
-    rate = _current(CardBurnRate.objects.filter(gpu_model=gpu_model), at)
+    rate = version_current(CardBurnRate.objects.filter(gpu_model=gpu_model), at)
     return rate.multiplier_milli if rate else 1000
 
 
@@ -91,7 +92,7 @@ def price_quote(
     if tier not in TIERS:
         raise NotFound(_("Unknown tier %(tier)s.") % {"tier": repr(tier)})
     if profile == CPU:
-        price = _current(Price.objects.filter(gpu_model__in=[gpu_model, ""], profile=CPU), at)
+        price = version_current(Price.objects.filter(gpu_model__in=[gpu_model, ""], profile=CPU), at)
         if price is None:
             raise NotFound(_("The cpu profile is not priced."))
         if tier != ON_DEMAND:
@@ -101,10 +102,10 @@ def price_quote(
         )
     fraction = profile_fraction(profile)
     burn = Fraction(burn_multiplier_milli(gpu_model=gpu_model, at=at) * 1000) * fraction
-    own = _current(Price.objects.filter(gpu_model=gpu_model, profile=profile), at)
+    own = version_current(Price.objects.filter(gpu_model=gpu_model, profile=profile), at)
     if own is not None:
         return _tier_quote(own, tier=tier, fraction=Fraction(1), burn=burn)
-    whole = _current(Price.objects.filter(gpu_model=gpu_model, profile=WHOLE), at)
+    whole = version_current(Price.objects.filter(gpu_model=gpu_model, profile=WHOLE), at)
     if whole is None:
         raise NotFound(
             _("%(gpu_model)s %(profile)s is not priced.") % {"gpu_model": gpu_model, "profile": profile}
@@ -166,7 +167,7 @@ def price_set(
     ValidationFailed."""
     _price_check(price_micros_per_hour, interruptible_price_micros_per_hour, profile=profile)
     with transaction.atomic():
-        before = _current(Price.objects.filter(gpu_model=gpu_model, profile=profile), None)
+        before = version_current(Price.objects.filter(gpu_model=gpu_model, profile=profile), None)
         fields = {"effective_from": effective_from} if effective_from else {}
         price = Price.objects.create(
             gpu_model=gpu_model,
@@ -192,7 +193,7 @@ def burn_rate_set(*, gpu_model: str, multiplier_milli: int, actor=None, reason: 
     if isinstance(multiplier_milli, bool) or not isinstance(multiplier_milli, int) or multiplier_milli <= 0:
         raise ValidationFailed(_("A burn multiplier is a positive whole number of thousandths."))
     with transaction.atomic():
-        before = _current(CardBurnRate.objects.filter(gpu_model=gpu_model), None)
+        before = version_current(CardBurnRate.objects.filter(gpu_model=gpu_model), None)
         rate = CardBurnRate.objects.create(gpu_model=gpu_model, multiplier_milli=multiplier_milli)
         audit_record(
             actor=actor,
