@@ -90,3 +90,12 @@ def test_the_banner_costs_the_dashboard_no_query():
     # the date comes in the query that reads the request's user with their home, and in no other
     reading = [sql for sql in with_plan if "provisioner_homeremoval" in sql]
     assert len(reading) == 1 and "provisioner_homeusage" in reading[0]
+
+
+def test_staff_read_the_record_in_the_admin():
+    _user("ada")
+    staff = user_create(username="op", email="", password="pw-123456789")
+    staff.is_staff = staff.is_superuser = True
+    staff.save(update_fields=["is_staff", "is_superuser"])
+    html = _page(staff, "/admin/provisioner/homeremoval/")
+    assert "ada-" in html and "2031" in html
