@@ -59,13 +59,15 @@ def _shared() -> bool:
     return settings.HOMES_BACKEND == "shared"
 
 
-def _homes_of(user_ids: list[int]) -> dict[int, list[int | None]]:
-    """Where each user's home lives: the shared root (None), or every node their sessions ran on."""
+def _homes_of(users: list) -> dict[int, list[int | None]]:
+    """Where each user's home lives: the shared root (None) where their folder is there, or every node
+    their sessions ran on."""
     if _shared():
-        return {user_id: [None] for user_id in user_ids}
+        root = Path(settings.HOMES_SHARED_ROOT)
+        return {user.pk: [None] for user in users if (root / workload_user(user)).is_dir()}
     homes: dict[int, list[int | None]] = defaultdict(list)
     pairs = (
-        Session.objects.filter(owner_id__in=user_ids, node__isnull=False)
+        Session.objects.filter(owner_id__in=[user.pk for user in users], node__isnull=False)
         .values_list("owner_id", "node_id")
         .distinct()
     )
@@ -107,7 +109,7 @@ def home_removals_plan(*, now: datetime) -> int:
     if idle_days > 0:
         wanted |= Q(is_active=True, last_launch__lte=now - timedelta(days=idle_days) + _warn_ahead())
     users = list(users.filter(wanted, last_launch__isnull=False))
-    homes = _homes_of([user.pk for user in users])
+    homes = _homes_of(users)
     planned_last: dict[tuple[int, int | None], datetime] = {}  # pending or carried out, by home
     for user_id, node_id, planned_at in (
         HomeRemoval.objects.filter(user__in=users)
@@ -145,7 +147,7 @@ def home_removals_plan_deleted(*, user, now: datetime | None = None) -> int:
     pending = _pending().filter(user=user)
     pending.update(reason=R.DELETED)
     pending.filter(due_at__gt=due_at).update(due_at=due_at)
-    nodes = set(_homes_of([user.pk]).get(user.pk, []))
+    nodes = set(_homes_of([user]).get(user.pk, []))
     if not _shared():
         nodes |= set(
             HomeUsage.objects.filter(user=user, node__isnull=False).values_list("node_id", flat=True)

@@ -119,6 +119,16 @@ def test_an_idle_users_homes_are_planned_on_every_node_and_an_active_users_are_n
     assert _pending().count() == 3
 
 
+def test_on_the_shared_root_only_a_folder_that_is_there_is_planned(shared_root):
+    with_home, without = _user("kept-files"), _user("never-placed")
+    _used(with_home, days_ago=300)
+    _used(without, days_ago=300)
+    _home(shared_root, workload_user(with_home))
+
+    assert home_removals_plan(now=timezone.now()) == 1
+    assert _pending().get().user == with_home and _pending().get().node is None
+
+
 def test_zero_idle_days_keeps_homes_forever(settings):
     user = _user("keeper")
     _used(user, days_ago=5000, node=node_make())
