@@ -20,7 +20,6 @@
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections import defaultdict
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -37,7 +36,6 @@ from provisioner import shared_homes
 from provisioner.models import HomeRemoval, HomeUsage, Session
 from provisioner.selectors import workload_user
 
-log = logging.getLogger("provisioner.home_retention")
 R = HomeRemoval.Reason
 S = Session.State
 LIVE = (S.PLACING, S.STARTING, S.RUNNING, S.STOPPING)
@@ -237,20 +235,21 @@ def home_removal_done(*, removal_id: int, now: datetime) -> bool:
 
 def home_remove_shared(*, removal_id: int, now: datetime) -> str:
     """Remove a home on the shared root. Under the lock of the user's row (the one each launch of theirs
-    takes, so a launch waits, or this finds its session): the removal still pending, no session of
-    theirs placing, starting, running or stopping; then the folder is moved away in one rename and the
-    removal recorded. The folder is emptied after commit. Returns "removed", "gone" (no folder was
-    there), "in_use" or "skip" (no longer pending)."""
+    takes, so a launch waits, or this finds its session and its cancellation), then the removal's row:
+    the removal still pending and no session of theirs placing, starting, running or stopping, the
+    folder is moved away in one rename and the removal recorded. The folder is emptied after commit.
+    Returns "removed", "gone" (no folder was there), "in_use" or "skip" (no longer pending)."""
     root = Path(settings.HOMES_SHARED_ROOT)
+    user_id = HomeRemoval.objects.filter(id=removal_id).values_list("user_id", flat=True).first()
     with transaction.atomic():
+        if user_id is not None:  # the user's row first, then the removal's: the launch's order
+            get_user_model().objects.select_for_update(no_key=True).filter(pk=user_id).first()
         removal = _pending().select_for_update().filter(id=removal_id, node__isnull=True).first()
         if removal is None:
             return "skip"
-        if removal.user_id is not None:
-            get_user_model().objects.select_for_update().filter(pk=removal.user_id).first()
-            if Session.objects.filter(owner_id=removal.user_id, state__in=LIVE).exists():
-                home_removal_failed(removal_id=removal_id, error="a session of the user is live")
-                return "in_use"
+        if Session.objects.filter(owner_id=removal.user_id, state__in=LIVE).exists():
+            home_removal_failed(removal_id=removal_id, error="a session of the user is live")
+            return "in_use"
         try:
             detached = shared_homes.home_detach(root, removal.name)
         except FileNotFoundError:
