@@ -13,7 +13,7 @@ import logging
 import re
 from typing import Any
 
-from agents import __version__, gateway, prometheus
+from agents import __version__, gateway, homes, prometheus
 from agents.gpuplan import PlanError
 from agents.spec import SpecError, parse_spec
 from agents.workloads import WorkloadConflict, WorkloadRefused, Workloads, WorkloadStopping
@@ -21,6 +21,7 @@ from agents.workloads import WorkloadConflict, WorkloadRefused, Workloads, Workl
 log = logging.getLogger("agents.api")
 MAX_BODY_BYTES = 1 << 20
 _WORKLOAD_PATH = re.compile(r"^/v1/workloads/(?P<sid>[^/]+)$")
+_HOME_PATH = re.compile(r"^/v1/homes/(?P<name>[^/]+)$")
 GATEWAY_PREFIX = "/jupyter/"
 # A PUT the node refuses is a 4xx naming why (docs/AGENT_PROTOCOL.md): 422 for a valid spec this node
 # can never serve, 409 for one its present state refuses; 5xx only for the agent's own faults.
@@ -111,6 +112,9 @@ class AgentApi:
         if path == "/v1/workloads" and method == "GET":
             _, per_session = workloads.reader.metrics(workloads.pids_by_session(), workloads.gpu_of_session())
             return 200, {"workloads": workloads.statuses(per_session)}
+        home = _HOME_PATH.match(path)
+        if home is not None:
+            return self._home(method, path, home["name"])
         match = _WORKLOAD_PATH.match(path)
         if match is None:
             raise ApiError(404, "not_found", f"no such endpoint: {path}")
@@ -125,6 +129,22 @@ class AgentApi:
         if method == "PUT":
             return self._put(session_id, body)
         raise ApiError(405, "method_not_allowed", f"{method} is not allowed on {path}")
+
+    def _home(self, method: str, path: str, name: str) -> tuple[int, Any]:
+        """``DELETE /v1/homes/<name>``: remove a user's home from this node (the portal's retention rule,
+        docs/STORAGE.md). Never while a workload of that user is on the node."""
+        if method != "DELETE":
+            raise ApiError(405, "method_not_allowed", f"{method} is not allowed on {path}")
+        if not homes.home_name_valid(name):
+            fields = {"name": "must match [A-Za-z0-9_][A-Za-z0-9_.-]{0,63}"}
+            raise ApiError(400, "invalid_name", "not a home's name: the agent's rule for user names", fields)
+        try:
+            self.workloads.home_remove(name)
+        except homes.HomeInUse:
+            raise ApiError(409, "home_in_use", f"a workload of {name} is on this node; stop it first")
+        except FileNotFoundError:
+            raise ApiError(404, "not_found", f"no home {name} on this node")
+        return 200, {"deleted": True}
 
     def _put(self, session_id: str, body: bytes) -> tuple[int, Any]:
         try:

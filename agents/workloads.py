@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from agents import gateway
+from agents import gateway, homes
 from agents.activity import jupyter_activity
 from agents.gpuplan import GpuPlan, HostGpuTools, PlanError, cpu_plan, gpu_plan
 from agents.mps import MpsDaemons, MpsError
@@ -315,6 +315,19 @@ class Workloads:
             if holds_mps:
                 self.mps.release(session_id, workload.plan)
         return True
+
+    def home_remove(self, user: str) -> None:
+        """Remove ``user``'s home from this node's homes root (agents/homes.py). Raises HomeInUse while a
+        workload of the user is starting, running or stopping, FileNotFoundError when there is no such
+        home, ValueError for a name that is not a home's. The home is moved away under the table's lock
+        (a PUT for the user reserved before it is refused here; one after it finds no home and makes a
+        fresh one) and emptied after, with the lock released."""
+        root = self.runtime.options.homes
+        with self._lock:
+            if any(w.spec.get("user") == user and (w.live or w.stopping) for w in self._table.values()):
+                raise homes.HomeInUse(user)
+            detached = homes.home_detach(root, user)
+        homes.detached_remove(root, detached)
 
     def get(self, session_id: str) -> Workload | None:
         with self._lock:

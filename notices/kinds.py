@@ -29,6 +29,7 @@ KINDS: dict[str, Kind] = {
         Kind("topup_credited", _("A top-up was credited"), True),
         Kind("stop_warning", _("A session stops soon"), True),
         Kind("ledger_hold", _("The ledger check found a problem"), True),
+        Kind("home_removal", _("Your home folder is to be removed"), True),
     )
 }
 KIND_MAX_LENGTH = 32

@@ -279,6 +279,7 @@ try:  # the beat schedule, in seconds
     _session_limits_sweep = env("SESSION_LIMITS_SWEEP_SECONDS", 15.0)
     _daily_grants = env("DAILY_GRANTS_SECONDS", 3600.0)
     _home_storage_charge = env("HOME_STORAGE_CHARGE_SECONDS", 3600.0)
+    _homes_retention = env("HOMES_RETENTION_SECONDS", 3600.0)
 except ConfigError as exc:
     _fail(str(exc))
 CELERY_BEAT_SCHEDULE = {
@@ -307,6 +308,10 @@ CELERY_BEAT_SCHEDULE = {
     "provisioner-session-limits": {
         "task": "provisioner.tasks.sessions_enforce_limits_task",
         "schedule": _session_limits_sweep,
+    },
+    "provisioner-homes-retention": {
+        "task": "provisioner.tasks.homes_retention_task",
+        "schedule": _homes_retention,
     },
 }
 
@@ -363,6 +368,14 @@ try:
     # A user's home, as the agents measure it (docs/STORAGE.md); 0: no limit. A user's quota row overrides.
     HOMES_QUOTA_BYTES = env("HOMES_QUOTA_BYTES", 20 * 2**30)
     HOMES_QUOTA_FILES = env("HOMES_QUOTA_FILES", 500_000)
+    # Retention (docs/STORAGE.md): a home whose user launched no session for HOMES_RETENTION_IDLE_DAYS is
+    # removed (0: kept forever); a deactivated or deleted user's HOMES_RETENTION_DELETED_DAYS after. The
+    # user is told HOMES_RETENTION_WARN_DAYS before, and again a day before.
+    HOMES_RETENTION_IDLE_DAYS = env("HOMES_RETENTION_IDLE_DAYS", 180)
+    HOMES_RETENTION_DELETED_DAYS = env("HOMES_RETENTION_DELETED_DAYS", 30)
+    HOMES_RETENTION_WARN_DAYS = env("HOMES_RETENTION_WARN_DAYS", 14)
+    if min(HOMES_RETENTION_IDLE_DAYS, HOMES_RETENTION_DELETED_DAYS) < 0 or HOMES_RETENTION_WARN_DAYS < 1:
+        raise ConfigError("HOMES_RETENTION_*_DAYS are whole days: 0 or more, and the warning at least 1")
     if HOMES_BACKEND == "shared" and not HOMES_SHARED_ROOT.startswith("/"):
         raise ConfigError("HOMES_BACKEND=shared needs HOMES_SHARED_ROOT, an absolute path (the mount)")
 except ConfigError as exc:

@@ -18,6 +18,7 @@ from provisioner.models import (
     DeviceSample,
     Environment,
     GpuModel,
+    HomeRemoval,
     Node,
     Profile,
     Quota,
@@ -256,6 +257,25 @@ class SessionAdmin(ReadOnlyAdmin):
             session_stop(session=session, actor=request.user, reason=message("forced_by_admin"))
             stopped += 1
         self.message_user(request, f"Asked {stopped} sessions to stop.", messages.SUCCESS)
+
+
+@admin.register(HomeRemoval)
+class HomeRemovalAdmin(ReadOnlyAdmin):
+    """The retention rule's record (docs/STORAGE.md): what is planned, told, removed or cancelled."""
+
+    list_display = (
+        "name",
+        "node",
+        "reason",
+        "due_at",
+        "warned_at",
+        "warned_final_at",
+        "removed_at",
+        "cancelled_at",
+    )
+    list_filter = ("reason", "node")
+    search_fields = ("name", "user__username")
+    list_select_related = ("node", "user")
 
 
 @admin.register(Allocation)

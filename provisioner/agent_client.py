@@ -69,3 +69,15 @@ def workload_get(node: Node, session_id: str) -> dict | None:
 
 def workload_delete(node: Node, session_id: str) -> bool:
     return bool(_call(node, "DELETE", f"/v1/workloads/{session_id}").json().get("deleted"))
+
+
+def home_delete(node: Node, name: str) -> bool:
+    """Remove the home ``name`` from the node (the retention rule, docs/STORAGE.md): True when removed,
+    False when the node has no such home. AgentRefusal ``home_in_use`` while a workload of that user is
+    on the node."""
+    try:
+        return bool(_call(node, "DELETE", f"/v1/homes/{name}").json().get("deleted"))
+    except AgentRefusal as exc:
+        if exc.status == 404:
+            return False
+        raise

@@ -13,6 +13,7 @@ class ProvisionerConfig(AppConfig):
         signals.runway_recovered.connect(_on_runway_recovered, dispatch_uid="provisioner.runway_recovered")
         signals.metered.connect(_on_metered, dispatch_uid="provisioner.metered.budgets")
         _catalog_signals_connect()
+        _homes_signals_connect()
 
 
 def _catalog_signals_connect() -> None:
@@ -27,6 +28,20 @@ def _catalog_signals_connect() -> None:
     for model in (GpuModel, Profile, Environment, Price, CardBurnRate, Node, Device):
         post_delete.connect(on_offer_saved, sender=model, dispatch_uid=f"catalog.deleted.{model.__name__}")
     post_save.connect(on_node_saved, sender=Node, dispatch_uid="catalog.saved.Node")
+
+
+def _homes_signals_connect() -> None:
+    from django.conf import settings
+    from django.db.models.signals import pre_delete
+
+    pre_delete.connect(_on_user_deleting, sender=settings.AUTH_USER_MODEL, dispatch_uid="provisioner.homes")
+
+
+def _on_user_deleting(sender, instance, **kwargs) -> None:
+    """A deleted user's home is removed HOMES_RETENTION_DELETED_DAYS later (docs/STORAGE.md)."""
+    from provisioner.services.home_retention import home_removals_plan_deleted
+
+    home_removals_plan_deleted(user=instance)
 
 
 def _on_funds_exhausted(sender, session_refs: list[str] | None = None, **kwargs) -> None:

@@ -528,3 +528,74 @@ class StopWarning(models.Model):
     @property
     def message_display(self) -> str:
         return message_render(self.message_key, self.message_params)
+
+
+class HomeRemoval(models.Model):
+    """A home the retention rule removes (docs/STORAGE.md, "Retention"), one row per home and plan: the
+    warnings go out once (``warned_at``, ``warned_final_at`` claimed by conditional updates), the removal
+    is done once, and what was removed, when and why stays on record. ``name`` is the home's folder
+    (``workload_user``), kept when the user is deleted; ``node`` the GPU host of a ``local`` home, empty
+    for a home on the ``shared`` root. Pending while neither ``removed_at`` nor ``cancelled_at`` is set;
+    the user's next launch cancels it. ``last_launch_at`` is the clock it was planned from."""
+
+    class Reason(models.TextChoices):
+        IDLE = "idle", _("No session for a long time")
+        INACTIVE = "inactive", _("Account deactivated")
+        DELETED = "deleted", _("Account deleted")
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="home_removals",
+    )
+    name = models.CharField(max_length=100)
+    node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    reason = models.CharField(max_length=10, choices=Reason.choices)
+    last_launch_at = models.DateTimeField(null=True, blank=True)
+    planned_at = models.DateTimeField()
+    due_at = models.DateTimeField()
+    warned_at = models.DateTimeField(null=True, blank=True)
+    warned_final_at = models.DateTimeField(null=True, blank=True)
+    removed_at = models.DateTimeField(null=True, blank=True)
+    cancelled_at = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    last_error = models.CharField(max_length=300, blank=True)
+
+    PENDING = Q(removed_at__isnull=True, cancelled_at__isnull=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["name", "node"],
+                condition=Q(removed_at__isnull=True, cancelled_at__isnull=True, node__isnull=False),
+                name="home_removal_pending_once_on_node",
+            ),
+            models.UniqueConstraint(
+                fields=["name"],
+                condition=Q(removed_at__isnull=True, cancelled_at__isnull=True, node__isnull=True),
+                name="home_removal_pending_once_shared",
+            ),
+            models.CheckConstraint(
+                condition=Q(removed_at__isnull=True) | Q(cancelled_at__isnull=True),
+                name="home_removal_removed_or_cancelled",
+            ),
+        ]
+        indexes = [
+            models.Index(
+                fields=["due_at"],
+                condition=Q(removed_at__isnull=True, cancelled_at__isnull=True),
+                name="home_removal_pending_due",
+            ),
+            # the dashboard's and the files page's banner, read with the request's user
+            models.Index(
+                fields=["user", "due_at"],
+                condition=Q(removed_at__isnull=True, cancelled_at__isnull=True),
+                name="home_removal_user_pending",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        where = f" on {self.node_id}" if self.node_id else ""
+        return f"removal of home {self.name}{where} at {self.due_at} ({self.reason})"

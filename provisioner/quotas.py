@@ -23,7 +23,7 @@ from django.utils.translation import gettext_lazy
 from billing.audit import audit_record
 from billing.models import Account, Meter
 from core.errors import QuotaExceeded, ValidationFailed
-from provisioner.models import HomeUsage, Profile, Quota, Session
+from provisioner.models import HomeRemoval, HomeUsage, Profile, Quota, Session
 
 LIMIT_FIELDS = Quota.LIMIT_FIELDS
 
@@ -388,11 +388,24 @@ def home_use(*, user) -> HomeUse | None:
 
 
 def users_with_home_use(users: QuerySet) -> QuerySet:
-    """``users`` read with their home's last measurement and their own home limits in the same query:
-    the request's user is read so (portal.backends), and ``home_use_of`` then needs no query."""
+    """``users`` read with their home's last measurement, their own home limits and the date their
+    home is to be removed (the retention rule) in the same query: the request's user is read so
+    (portal.backends), and ``home_use_of`` and ``home_removal_due_of`` then need no query."""
+    planned = HomeRemoval.objects.filter(HomeRemoval.PENDING, user=OuterRef("pk")).order_by("due_at")
     return users.select_related("home_usage").annotate(
-        home_max_bytes=_own_limit("max_home_bytes", "pk"), home_max_files=_own_limit("max_home_files", "pk")
+        home_max_bytes=_own_limit("max_home_bytes", "pk"),
+        home_max_files=_own_limit("max_home_files", "pk"),
+        home_removal_due=Subquery(planned.values("due_at")[:1]),
     )
+
+
+def home_removal_due_of(user) -> datetime | None:
+    """When the user's home (the first of them, on local homes) is to be removed, None while no removal
+    is planned (docs/STORAGE.md, "Retention"); no query for a user read by ``users_with_home_use``."""
+    if hasattr(user, "home_removal_due"):
+        return user.home_removal_due
+    planned = HomeRemoval.objects.filter(HomeRemoval.PENDING, user_id=user.pk).order_by("due_at")
+    return planned.values_list("due_at", flat=True).first()
 
 
 def home_use_of(user) -> HomeUse | None:

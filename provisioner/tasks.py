@@ -4,7 +4,8 @@ database has the desired state, and never hold a database lock across an agent c
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from collections import Counter
+from datetime import datetime, timedelta
 
 from celery import shared_task
 from django.conf import settings
@@ -12,9 +13,9 @@ from django.utils import timezone
 
 from provisioner import agent_client
 from provisioner.messages import Message, message, message_load
-from provisioner.models import Node, Session
+from provisioner.models import HomeRemoval, Node, Session
 from provisioner.selectors import workload_spec
-from provisioner.services import limits
+from provisioner.services import home_retention, limits
 from provisioner.services import sessions as lifecycle
 from provisioner.services.heartbeats import nodes_liveness_sweep
 from provisioner.services.home_storage import home_storage_charge
@@ -167,3 +168,48 @@ def sessions_enforce_limits_task() -> dict:
     for session in Session.objects.filter(state__in=[S.PLACING, S.STARTING], placed_at__lt=cutoff):
         _fail_start(session, message("start_timeout", seconds=settings.SESSION_START_TIMEOUT_SECONDS))
     return counts
+
+
+@shared_task
+def homes_retention_task() -> dict:
+    """Hourly: plan, warn and carry out the removal of unused homes (docs/STORAGE.md, "Retention").
+    Idempotent: what was planned, told and removed is recorded and never done twice; a node that is down
+    or refuses (``home_in_use``) is tried again at the next run."""
+    now = timezone.now()
+    counts = Counter(
+        planned=home_retention.home_removals_plan(now=now), warned=home_retention.home_removals_warn(now=now)
+    )
+    for removal in home_retention.home_removals_due(now=now):
+        counts[_home_remove(removal, now)] += 1
+    return dict(counts)
+
+
+def _home_remove(removal: HomeRemoval, now: datetime) -> str:
+    """One due removal: by this worker on the shared root, else by the home's node's agent."""
+    if removal.node is None:
+        if settings.HOMES_BACKEND != "shared":
+            home_retention.home_removal_failed(removal_id=removal.id, error="HOMES_BACKEND is not shared")
+            return "no_shared_root"
+        try:
+            return home_retention.home_remove_shared(removal_id=removal.id, now=now)
+        except OSError as exc:
+            log.warning("removing home %s: %s", removal.name, exc)
+            home_retention.home_removal_failed(
+                removal_id=removal.id, error=f"{exc.__class__.__name__}: {exc}"
+            )
+            return "failed"
+    if removal.node.state == Node.State.DOWN:
+        home_retention.home_removal_failed(removal_id=removal.id, error="the node is down")
+        return "node_down"
+    if not HomeRemoval.objects.filter(HomeRemoval.PENDING, id=removal.id).exists():
+        return "skip"  # the user launched meanwhile
+    try:
+        agent_client.home_delete(removal.node, removal.name)
+    except agent_client.AgentUnreachable as exc:
+        home_retention.home_removal_failed(removal_id=removal.id, error=str(exc))
+        return "unreachable"
+    except agent_client.AgentRefusal as exc:
+        home_retention.home_removal_failed(removal_id=removal.id, error=str(exc))
+        return exc.code
+    home_retention.home_removal_done(removal_id=removal.id, now=now)
+    return "removed"

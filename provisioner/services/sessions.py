@@ -59,6 +59,7 @@ from provisioner.quotas import quota_admit, quota_subjects
 from provisioner.sealing import new_token, seal
 from provisioner.selectors import home_nodes, queue_order, queue_served
 from provisioner.services.events import event_fields, session_event
+from provisioner.services.home_retention import home_removals_cancel
 from provisioner.services.preemption import (
     HELD,
     claimers_ready,
@@ -274,6 +275,7 @@ def session_launch(
             placed=placed,
             resume=resume,
         )
+        home_removals_cancel(user_id=user.pk)  # a launch is use: the home stays (docs/STORAGE.md)
         if placed:
             _devices_record(session.id, placed["device_ids"])
             enqueue.session_start(session.id)

@@ -30,3 +30,17 @@ def test_importing_the_settings_starts_no_embedded_server(tmp_path):
     assert broker_url == f"redis+socket://{data.resolve() / 'redis' / 'redis.sock'}"
     # ... and nothing there: no database cluster, no socket, not even the lock file
     assert not data.exists(), sorted(str(p.relative_to(data)) for p in data.rglob("*"))
+
+
+def test_a_bad_home_retention_setting_fails_loudly(tmp_path):
+    for name, value in (("HOMES_RETENTION_IDLE_DAYS", "-1"), ("HOMES_RETENTION_WARN_DAYS", "0")):
+        result = subprocess.run(
+            [sys.executable, "-c", "import portal.settings"],
+            cwd=ROOT,
+            env={"PATH": "/usr/bin:/bin", "HOME": "/tmp", "SUANLI_DATA_DIR": str(tmp_path), name: value},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 2, (name, result.stderr)
+        assert "HOMES_RETENTION_" in result.stderr
