@@ -409,7 +409,10 @@ def _empty(top: int, tally: _Tally) -> None:
             fd, name, info = stack.pop()
             os.close(fd)
             if stack:  # the top folder is removed by the caller, through its parent
-                os.rmdir(name, dir_fd=stack[-1][0])
+                try:
+                    os.rmdir(name, dir_fd=stack[-1][0])
+                except FileNotFoundError:
+                    continue  # gone meanwhile
                 tally.add(info)
     finally:
         for fd, _name, _info in stack:
