@@ -1,5 +1,5 @@
-"""The files API: the caller's own home, listed, downloaded and uploaded to in resumable parts
-(docs/STORAGE.md). There is no way to name another user's home: the home is always the caller's
+"""The files API: the caller's own home, listed, downloaded, uploaded to in resumable parts and deleted
+from (docs/STORAGE.md). There is no way to name another user's home: the home is always the caller's
 (``provisioner.selectors.workload_user``), and an upload is found only by its owner.
 
 The upload protocol, small and explicit (after tus): ``POST /api/v1/files/uploads {path, size}`` gives
@@ -22,6 +22,7 @@ from rest_framework.views import APIView
 from core.errors import ValidationFailed
 from portal.homes import CHUNK_MAX_BYTES, home_storage
 from portal.homes.base import Upload
+from portal.services import home_file_delete
 from provisioner.selectors import workload_user
 
 PATH = OpenApiParameter("path", str, description="A path relative to your home, e.g. data/train.csv.")
@@ -42,6 +43,16 @@ class FileEntryOut(serializers.Serializer):
 class FileListingOut(serializers.Serializer):
     path = serializers.CharField()
     entries = FileEntryOut(many=True)
+
+
+class RemovedOut(serializers.Serializer):
+    path = serializers.CharField()
+    bytes = serializers.IntegerField(help_text="Allocated bytes freed (st_blocks * 512), as quotas count.")
+    entries = serializers.IntegerField(help_text="Files, folders and links removed.")
+
+
+class FileDeleteOut(serializers.Serializer):
+    deleted = RemovedOut()
 
 
 class FileUploadIn(serializers.Serializer):
@@ -71,6 +82,15 @@ class FileListView(APIView):
         path = request.query_params.get("path", "")
         entries = home_storage().listing(folder=workload_user(request.user), path=path)
         return Response(FileListingOut({"path": path, "entries": list(entries)}).data)
+
+    @extend_schema(
+        summary="Delete a file, link or folder (with everything in it) from your home",
+        parameters=[PATH],
+        responses={200: FileDeleteOut, **UNAVAILABLE},
+    )
+    def delete(self, request: Request) -> Response:
+        removed = home_file_delete(user=request.user, path=request.query_params.get("path", ""))
+        return Response(FileDeleteOut({"deleted": removed}).data)
 
 
 class FileDownloadView(APIView):

@@ -1,4 +1,4 @@
-"""Writes of the portal app: users and teams."""
+"""Writes of the portal app: users and teams, and deletes from a user's home."""
 
 from __future__ import annotations
 
@@ -19,9 +19,13 @@ from billing.models import Account
 from billing.permissions import TEAM_ROLE_REQUIRED
 from core.errors import Conflict, Forbidden, NotFound, ValidationFailed
 from portal.auth import token_generate, token_hash
+from portal.homes import home_storage
+from portal.homes.base import DeleteIncomplete, Removed
 from portal.models import AccessToken, Membership, Team, TeamInvite, User
 from provisioner import quotas
 from provisioner.models import Quota
+from provisioner.selectors import workload_user
+from provisioner.services.homes import home_usage_lower
 
 INVITE_ALPHABET = "ABCDEFGHJKMNPQRSTVWXYZ23456789"
 
@@ -364,3 +368,20 @@ def access_token_revoke(*, user: User, token_id: int) -> None:
     )
     if not updated:
         raise NotFound(_("No such token."))
+
+
+def home_file_delete(*, user: User, path: str) -> Removed:
+    """Delete a file, link or folder tree from the user's own home (``HomeStorage.delete``: never
+    through a link, never the home itself), then lower their measured home use by what went, so a
+    launch refused for ``quota_storage`` is admitted at once. Raises what the storage raises
+    (``files_unavailable``, ``not_found``, ``invalid``: nothing deleted, nothing lowered), or
+    DeleteIncomplete once what went before it stopped is counted."""
+    stopped = None
+    try:
+        removed = home_storage().delete(folder=workload_user(user), path=path)
+    except DeleteIncomplete as exc:
+        stopped, removed = exc, exc.removed
+    home_usage_lower(user_id=user.pk, bytes_removed=removed.bytes, entries_removed=removed.entries)
+    if stopped is not None:
+        raise stopped
+    return removed

@@ -37,6 +37,7 @@ urlpatterns = [
     path("live/dashboard", pages.dashboard_live, name="dashboard_live"),
     path("cards/", pages.cards, name="cards"),
     path("files/", file_pages.files, name="files"),
+    path("files/delete", file_pages.files_delete, name="files_delete"),
     path("launch/", session_pages.launch, name="launch"),
     path("sessions/", session_pages.session_list, name="session_list"),
     path("sessions/<uuid:session_id>/", session_pages.session_detail, name="session_detail"),

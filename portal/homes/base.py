@@ -8,7 +8,7 @@ from typing import BinaryIO, ClassVar
 
 from django.utils.translation import gettext_lazy as _
 
-from core.errors import ApplicationError
+from core.errors import ApplicationError, Conflict
 
 _BACKENDS: dict[str, type[HomeStorage]] = {}
 CHUNK_MAX_BYTES = 16 * 2**20  # one PATCH of an upload
@@ -39,6 +39,29 @@ class Upload:
     @property
     def complete(self) -> bool:
         return self.offset_bytes == self.size_bytes
+
+
+@dataclass(frozen=True)
+class Removed:
+    """What a delete took out of a home, counted as the agent's meter counts (agents/home_usage.py):
+    ``bytes`` allocated (``st_blocks * 512``), ``entries`` files, folders and links. A file another hard
+    link still holds frees nothing and is not counted."""
+
+    path: str
+    bytes: int
+    entries: int
+
+
+class DeleteIncomplete(Conflict):
+    """A delete stopped part-way (something in it changed meanwhile, or is protected): ``removed`` is
+    what went before it stopped, which the caller still counts."""
+
+    code = "delete_incomplete"
+
+    def __init__(self, message: str, *, removed: Removed):
+        fields = {"path": removed.path, "bytes": str(removed.bytes), "entries": str(removed.entries)}
+        super().__init__(message, fields=fields)
+        self.removed = removed
 
 
 @dataclass
@@ -76,6 +99,9 @@ class HomeStorage:
     def upload_append(
         self, *, owner_id: int, upload_id: str, offset_bytes: int, length_bytes: int, body: BinaryIO
     ) -> Upload:
+        raise FilesUnavailable(_unavailable())
+
+    def delete(self, *, folder: str, path: str) -> Removed:
         raise FilesUnavailable(_unavailable())
 
 

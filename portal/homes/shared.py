@@ -34,7 +34,15 @@ from django.conf import settings
 from django.utils.translation import gettext as _
 
 from core.errors import Conflict, NotFound, ValidationFailed
-from portal.homes.base import CHUNK_MAX_BYTES, Download, Entry, HomeStorage, Upload
+from portal.homes.base import (
+    CHUNK_MAX_BYTES,
+    DeleteIncomplete,
+    Download,
+    Entry,
+    HomeStorage,
+    Removed,
+    Upload,
+)
 
 STATE_DIR = ".suanli"  # beside the homes; the agents keep their uid table there too
 LISTING_MAX_ENTRIES = 2000
@@ -42,6 +50,8 @@ PATH_MAX_BYTES = 1024
 COPY_BYTES = 1 << 20
 _UPLOAD_ID = re.compile(r"[0-9a-f]{32}")
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# A delete that stops part-way for these says what went (DeleteIncomplete); other errors are the server's.
+_INCOMPLETE = (errno.ENOTEMPTY, errno.EBUSY, errno.EISDIR, errno.EPERM, errno.EACCES, errno.EROFS)
 
 
 def path_parts(path: str, *, allow_home: bool = False) -> tuple[str, ...]:
@@ -178,6 +188,45 @@ class SharedHomes(HomeStorage):
         os.set_blocking(fd, True)
         return Download(parts[-1], info.st_size, os.fdopen(fd, "rb"))
 
+    # -- deleting ---------------------------------------------------------------------------------
+
+    def delete(self, *, folder: str, path: str) -> Removed:
+        """Remove the file, symbolic link (itself, never its target) or folder with everything under it
+        that ``path`` names. The home itself is refused (ValidationFailed), as are ``..`` and absolute
+        paths; a path through a symbolic link, or to nothing, is NotFound. The tree is removed from
+        descriptors (``dir_fd``) opened ``O_NOFOLLOW``, so a link planted inside it, or swapped in while
+        it is removed, is unlinked and never followed. Not atomic: where part of it cannot go (a session
+        writing into the folder meanwhile, an immutable file) the rest stays and DeleteIncomplete says
+        what went."""
+        parts = path_parts(path)
+        try:
+            home_fd = self._home_fd(folder, create=False)
+        except FileNotFoundError:
+            raise _not_found(path)
+        try:
+            parent = self._walk(home_fd, parts[:-1], path)
+        finally:
+            os.close(home_fd)
+        tally = _Tally()
+        try:
+            try:
+                _remove(parent, parts[-1], tally)
+            except (FileNotFoundError, NotADirectoryError):
+                raise _not_found(path)
+            except OSError as exc:
+                if exc.errno in _INCOMPLETE:
+                    raise DeleteIncomplete(
+                        _(
+                            "Part of it could not be deleted: it changed meanwhile (a session writing into "
+                            "it?) or is protected. What is left is still there; try again."
+                        ),
+                        removed=Removed("/".join(parts), tally.bytes, tally.entries),
+                    )
+                raise
+        finally:
+            os.close(parent)
+        return Removed("/".join(parts), tally.bytes, tally.entries)
+
     # -- uploads ----------------------------------------------------------------------------------
 
     def upload_create(self, *, owner_id: int, folder: str, path: str, size_bytes: int) -> Upload:
@@ -291,6 +340,83 @@ class SharedHomes(HomeStorage):
             os.unlink(f"{upload_id}.json", dir_fd=uploads_fd)
         finally:
             os.close(uploads_fd)
+
+
+class _Tally:
+    """What a delete removed so far, counted as the agent counts (``Removed``)."""
+
+    def __init__(self) -> None:
+        self.bytes = 0
+        self.entries = 0
+
+    def add(self, info: os.stat_result) -> None:
+        if info.st_nlink > 1 and not stat.S_ISDIR(info.st_mode):
+            return  # another link keeps the inode, and the agent counts it there
+        self.bytes += info.st_blocks * 512
+        self.entries += 1
+
+
+def _remove(parent: int, name: str, tally: _Tally) -> None:
+    """Remove ``name`` under the folder open at ``parent``: unlink a file, a link or anything else not a
+    folder; empty a folder (``_empty``), then remove it. Never follows a symbolic link: a folder swapped
+    for a link between the read and the open is unlinked as the link it now is."""
+    info = os.stat(name, dir_fd=parent, follow_symlinks=False)
+    if stat.S_ISDIR(info.st_mode):
+        try:
+            fd = os.open(name, _DIR, dir_fd=parent)
+        except OSError as exc:
+            if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise
+            info = os.stat(name, dir_fd=parent, follow_symlinks=False)
+        else:
+            _empty(fd, tally)
+            os.rmdir(name, dir_fd=parent)
+            tally.add(info)
+            return
+    os.unlink(name, dir_fd=parent)
+    tally.add(info)
+
+
+def _empty(top: int, tally: _Tally) -> None:
+    """Remove everything under the folder open at ``top`` (and close it). Depth first without recursion
+    (a tenant's tree may be deeper than Python's stack), one descriptor per level: each entry is read
+    with ``lstat`` through its folder's descriptor and a folder opened ``O_NOFOLLOW`` from it. An entry
+    gone meanwhile is skipped."""
+    stack: list[tuple[int, str, os.stat_result | None]] = [(top, "", None)]
+    try:
+        while stack:
+            fd = stack[-1][0]
+            deeper = None
+            with os.scandir(fd) as found:
+                for item in found:
+                    try:
+                        info = item.stat(follow_symlinks=False)
+                        if stat.S_ISDIR(info.st_mode):
+                            try:
+                                deeper = (os.open(item.name, _DIR, dir_fd=fd), item.name, info)
+                                break
+                            except OSError as exc:
+                                if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                                    raise
+                                info = os.stat(item.name, dir_fd=fd, follow_symlinks=False)  # swapped in
+                        os.unlink(item.name, dir_fd=fd)
+                    except FileNotFoundError:
+                        continue
+                    tally.add(info)
+            if deeper is not None:
+                stack.append(deeper)
+                continue
+            fd, name, info = stack.pop()
+            os.close(fd)
+            if stack:  # the top folder is removed by the caller, through its parent
+                try:
+                    os.rmdir(name, dir_fd=stack[-1][0])
+                except FileNotFoundError:
+                    continue  # gone meanwhile
+                tally.add(info)
+    finally:
+        for fd, _name, _info in stack:
+            os.close(fd)
 
 
 def _give(name: str, owner: os.stat_result, *, dir_fd: int) -> None:

@@ -1,3 +1,12 @@
+// Each row's Delete form asks first (its data-confirm says what goes: a folder, everything in it); the
+// form itself posts without JavaScript too.
+document.addEventListener("submit", function (event) {
+  var form = event.target;
+  if (form.classList && form.classList.contains("file-delete") && !window.confirm(form.dataset.confirm)) {
+    event.preventDefault();
+  }
+});
+
 // Resumable uploads for the files page, over the files API (docs/STORAGE.md): begin an upload, then send
 // the file in parts at the offset the server holds. The upload's id is kept in localStorage under the
 // file's target, size and date, so choosing the same file again after a cut asks the server where it

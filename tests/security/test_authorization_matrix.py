@@ -463,6 +463,11 @@ MATRIX: dict[tuple[str, str], list[Probe]] = {
         Probe("GET", lambda w: "/api/v1/files/download?path=notes.txt"),
         Probe("GET", lambda w: "/api/v1/files/download?path=../notes.txt", expect=400),
     ],
+    ("DELETE", "/api/v1/files"): [
+        Probe("DELETE", lambda w: "/api/v1/files?path=notes.txt"),  # the caller's own home has none
+        Probe("DELETE", lambda w: "/api/v1/files?path=../notes.txt", expect=400),
+        Probe("DELETE", lambda w: "/api/v1/files?path=..", expect=400),  # the root of every home
+    ],
     ("POST", "/api/v1/files/uploads"): [
         Probe("POST", lambda w: "/api/v1/files/uploads", lambda w: {"path": "../x", "size": 1}, expect=400),
     ],
