@@ -420,15 +420,24 @@ def home_use_of(user) -> HomeUse | None:
 
 
 _HOME_REFUSALS = {
-    "bytes": gettext_lazy(
+    ("local", "bytes"): gettext_lazy(
         "Your home holds %(used)s of at most %(limit)s: delete files from it (in JupyterLab, while a "
         "session of yours runs) or ask an administrator to raise your limit before you start another "
         "session."
     ),
-    "files": gettext_lazy(
+    ("local", "files"): gettext_lazy(
         "Your home holds %(used)s files of at most %(limit)s: delete files from it (in JupyterLab, while "
         "a session of yours runs) or ask an administrator to raise your limit before you start another "
         "session."
+    ),
+    # A shared home can be emptied from the portal's Files page, with no session running.
+    ("shared", "bytes"): gettext_lazy(
+        "Your home holds %(used)s of at most %(limit)s: delete files from it on the Files page, or ask an "
+        "administrator to raise your limit, before you start another session."
+    ),
+    ("shared", "files"): gettext_lazy(
+        "Your home holds %(used)s files of at most %(limit)s: delete files from it on the Files page, or "
+        "ask an administrator to raise your limit, before you start another session."
     ),
 }
 
@@ -443,14 +452,14 @@ def home_admit(*, user) -> None:
     if use.over_bytes:
         used, limit = filesizeformat(use.bytes), filesizeformat(use.max_bytes)
         raise QuotaExceeded(
-            _HOME_REFUSALS["bytes"] % {"used": used, "limit": limit},
+            _HOME_REFUSALS[(settings.HOMES_BACKEND, "bytes")] % {"used": used, "limit": limit},
             code="quota_storage",
             fields={"home_bytes": f"{use.bytes} > {use.max_bytes}"},
         )
     if use.over_files:
         used, limit = f"{use.files:,}", f"{use.max_files:,}"
         raise QuotaExceeded(
-            _HOME_REFUSALS["files"] % {"used": used, "limit": limit},
+            _HOME_REFUSALS[(settings.HOMES_BACKEND, "files")] % {"used": used, "limit": limit},
             code="quota_storage",
             fields={"home_files": f"{use.files} > {use.max_files}"},
         )

@@ -271,8 +271,8 @@ def test_a_home_over_its_byte_limit_refuses_a_launch_and_nothing_is_deleted(flee
     _measured(user, bytes_=int(21.3 * 2**30), files=10)
     error = _refused(
         user,
-        r"^Your home holds 21\.3\xa0GB of at most 20\.0\xa0GB: delete files from it \(in JupyterLab, while a "
-        r"session of yours runs\) or ask an administrator to raise your limit before you start another session\.$",
+        r"^Your home holds 21\.3\xa0GB of at most 20\.0\xa0GB: delete files from it on the Files page, or ask "
+        r"an administrator to raise your limit, before you start another session\.$",
     )
     assert error.code == "quota_storage"
     assert (home / "results.csv").read_text() == "keep me"
