@@ -1,5 +1,7 @@
-"""Removing a user's home from this node's homes root: ``DELETE /v1/homes/<name>`` (docs/STORAGE.md,
-"Retention"). The portal decides when; the agent only carries it out.
+"""Removing a user's home from a homes root: this node's, on ``DELETE /v1/homes/<name>`` (docs/STORAGE.md,
+"Retention"; the portal decides when, the agent only carries it out), and a pool's shared root, by the
+portal's worker (``provisioner.services.home_retention``: the one import of the agent the portal makes
+besides the development launcher, allowed by name in pyproject's import contracts; plain stdlib).
 
 A home is tenant-made: it may hold symbolic links to anywhere (``/etc``, another home), FIFOs, folders
 without end. Nothing here follows a link or leaves the tree: the home is first moved out of the way in

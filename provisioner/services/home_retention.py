@@ -10,7 +10,7 @@
   before and again a day before; each warning is claimed by a conditional update, so it goes out once,
   and it pushes the removal back if it went out late, so the promise holds. A deactivated or deleted
   user cannot sign in and is not told.
-- **Remove.** Shared: the worker moves the folder away and empties it (provisioner/shared_homes.py).
+- **Remove.** Shared: the worker moves the folder away and empties it, as an agent does (agents/homes.py).
   Local: the node's agent does (``DELETE /v1/homes/<name>``); a node that is down or refuses
   (``home_in_use``) is tried again at the next run. Removal is recorded once; a repeat finds nothing due.
 - **Cancel.** The user's next launch cancels their pending removals (``home_removals_cancel``, in the
@@ -31,8 +31,8 @@ from django.db.models import Exists, F, Max, OuterRef, Q, Value
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
+from agents import homes as agent_homes
 from notices.services import notify
-from provisioner import shared_homes
 from provisioner.models import HomeRemoval, HomeUsage, Session
 from provisioner.selectors import workload_user
 
@@ -251,12 +251,12 @@ def home_remove_shared(*, removal_id: int, now: datetime) -> str:
             home_removal_failed(removal_id=removal_id, error="a session of the user is live")
             return "in_use"
         try:
-            detached = shared_homes.home_detach(root, removal.name)
+            detached = agent_homes.home_detach(root, removal.name)
         except FileNotFoundError:
             detached = None
         home_removal_done(removal_id=removal_id, now=now)
     if detached is None:
         return "gone"
     with contextlib.suppress(FileNotFoundError):
-        shared_homes.detached_remove(root, detached)
+        agent_homes.detached_remove(root, detached)
     return "removed"
