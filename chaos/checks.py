@@ -392,9 +392,12 @@ def _windows(faults: list[Fault], kinds: tuple[str, ...], slack: float) -> list[
 
 def users_no_server_errors(traffic: Traffic, faults: list[Fault], timings: Timings) -> Check:
     """No answer >= 500 and no connection error, but for two causes a user cannot be spared: the web
-    process itself restarting (no answer at all while it is gone), and the Jupyter proxy's 502 (or an
-    open WebSocket dropped) while the session's node is down or slower than the proxy waits: its
-    JupyterLab really is unreachable."""
+    process itself restarting (no answer at all while it is gone; and a WebSocket handshake it was in
+    the middle of when it began to shut down, which uvicorn ends with a 500 before closing the
+    connection, in every one of its WebSocket implementations' ``shutdown``: the browser's connect
+    fails as if the process were gone, and it reconnects to the new one), and the Jupyter proxy's 502
+    (or an open WebSocket dropped) while the session's node is down or slower than the proxy waits:
+    its JupyterLab really is unreachable."""
     from provisioner.models import Session
 
     web = _windows(faults, ("web-restart",), WEB_RESTART_SLACK_SECONDS)
@@ -411,7 +414,8 @@ def users_no_server_errors(traffic: Traffic, faults: list[Fault], timings: Timin
     bad = []
     for f in traffic.failures:
         answered = f.outcome.isdigit()
-        if not answered and any(start <= f.at <= end for _, start, end in web):
+        handshake_cut = f.endpoint.startswith("WS ") and f.outcome == "500"
+        if (not answered or handshake_cut) and any(start <= f.at <= end for _, start, end in web):
             excused_web += 1
         elif (
             "/jupyter/" in f.endpoint
