@@ -73,6 +73,7 @@ class Workload:
     token: str | None = field(default=None, repr=False)  # memory only
     start_deadline: float = 0.0  # monotonic, while starting
     stopping: bool = False  # a delete is under way: the entry keeps its GPU slots until the workload ended
+    warming: bool = False  # Jupyter answers; its welcome kernel is being started, then it runs
     # held while the runtime starts or stops this workload (never the table's lock)
     runtime_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
@@ -356,6 +357,7 @@ class Workloads:
             ready = (
                 reason is None
                 and workload.state == "starting"
+                and not workload.warming
                 and self.runtime.ready(workload.handle, workload.token)
             )
             with self._lock:
@@ -368,9 +370,11 @@ class Workloads:
                     ended.append(workload)
                 else:
                     workload.last_alive_at = now_iso()
-                    if ready:
-                        workload.state = "running"
+                    if ready and workload.token:  # runs once its welcome kernel is started
+                        workload.warming = True
                         warm.append(workload)
+                    elif ready:  # adopted, its token not re-sent yet: nothing to warm
+                        workload.state = "running"
                     elif workload.state == "starting" and time.monotonic() > workload.start_deadline:
                         workload.state = "failed"
                         workload.exit_reason = (
@@ -386,14 +390,24 @@ class Workloads:
         for workload in ended:
             self.mps.release(workload.session_id, workload.plan)
         for workload in warm:
-            if workload.token:
-                threading.Thread(target=self._warm_up, args=(workload,), name="warm-up", daemon=True).start()
+            threading.Thread(target=self._warm_up, args=(workload,), name="warm-up", daemon=True).start()
 
     def _warm_up(self, workload: Workload) -> None:
+        """Start the welcome notebook's kernel, then report the workload running. Jupyter lists a kernel
+        before it has a ``last_activity`` while it starts, and answers ``api/status`` and ``api/kernels``
+        with a 500 meanwhile (jupyter_server's race): nobody is sent there before the kernel is in. A
+        warm-up that fails still lets the workload run."""
         try:
             gateway.warm_up(workload.handle, workload.handle.base_url, workload.token)
         except (OSError, gateway.GatewayError, http.client.HTTPException) as exc:
             log.info("warm-up of %s: %s", workload.session_id, exc)
+        with self._lock:
+            workload.warming = False
+            if self._table.get(workload.session_id) is not workload or not workload.live:
+                return
+            if workload.state == "starting":
+                workload.state = "running"
+                self._save(workload)
 
     def pids_by_session(self, children: dict[int, list[int]] | None = None) -> dict[str, set[int]]:
         gpu_workloads = [

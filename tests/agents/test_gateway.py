@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.agents.conftest import NODE_TOKEN, run_in_kernel, wait_for, workload_spec
+from tests.agents.conftest import NODE_TOKEN, run_in_kernel, workload_spec
 
 pytestmark = pytest.mark.slow
 
@@ -44,12 +44,12 @@ def test_a_running_session_has_its_welcome_notebook_and_kernel_up_before_anyone_
     agent = start_agent()
     assert agent.put_workload(workload_spec("gw-2", None)).status_code == 201
     agent.wait_state("gw-2", ("running",))
-
-    def warm():
-        sessions = agent.client.get("/jupyter/gw-2/api/sessions").json()
-        return [s for s in sessions if s["path"] == "Welcome.ipynb"]
-
-    (session,) = wait_for(warm, 30, 0.2, "the welcome notebook's kernel session")
+    # Running means the welcome kernel is in already: Jupyter answers 500 to api/status and api/kernels
+    # while a kernel starts (its last_activity unset), so nobody is sent there before.
+    for path in ("api/status", "api/kernels", "api/sessions"):
+        assert agent.client.get(f"/jupyter/gw-2/{path}").status_code == 200, path
+    sessions = agent.client.get("/jupyter/gw-2/api/sessions").json()
+    (session,) = [s for s in sessions if s["path"] == "Welcome.ipynb"]
     kernel = session["kernel"]
     assert kernel["name"] == "python3" and kernel["connections"] == 0  # started before anyone opened it
     assert kernel["id"] in [k["id"] for k in agent.client.get("/jupyter/gw-2/api/kernels").json()]
