@@ -77,6 +77,9 @@ class Injector:
     faults: list[Fault] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # an injector that could not do its job
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    # set while a killed agent is away: a web restart waits for it to be back, so the WebSocket it cuts
+    # belongs to a session that still runs and can reconnect (not one its node's death just ended)
+    _agent_away: threading.Event = field(default_factory=threading.Event)
 
     def run(self) -> None:
         """Inject the whole plan; returns when every fault is over and every process is back."""
@@ -161,9 +164,11 @@ class Injector:
             node = max(nodes, key=lambda n: (busy[n], -((nodes.index(n) - i) % len(nodes))))
             agent = self.stack.agents[node]
             at = db_now()
+            self._agent_away.set()
             agent.proc.kill(signal.SIGKILL)
             time.sleep(self.stack.timings.node_liveness_seconds + 8)
             self.stack.start_agent(agent)
+            self._agent_away.clear()
             self._record(
                 Fault("agent-kill", node, at, db_now(), f"{busy[node]} running sessions at the kill")
             )
@@ -187,7 +192,10 @@ class Injector:
             self._sleep_until(offset)
             try:
                 wait_for(
-                    lambda: self.traffic.ws.open_now > 0, timeout=90, interval=0.5, what="WebSocket traffic"
+                    lambda: not self._agent_away.is_set() and self.traffic.ws.open_now > 0,
+                    timeout=90,
+                    interval=0.5,
+                    what="WebSocket traffic, every agent up",
                 )
                 open_ws = self.traffic.ws.open_now
             except TimeoutError:
