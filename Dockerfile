@@ -14,4 +14,4 @@ RUN DATABASE_URL=postgresql://build@localhost/none REDIS_URL=redis://localhost:6
     SECRET_KEY=build-only DEBUG=0 python manage.py collectstatic --no-input -v 0
 USER suanli
 EXPOSE 8000
-CMD ["uvicorn", "portal.asgi:application", "--host", "0.0.0.0", "--port", "8000", "--proxy-headers"]
+CMD ["uvicorn", "portal.asgi:application", "--host", "0.0.0.0", "--port", "8000", "--proxy-headers", "--ws", "portal.ws_relay:WebSocketRelay"]

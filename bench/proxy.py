@@ -9,6 +9,9 @@ WebSocket round trips (``kernel_info_request`` on a kernel's channels) go, in th
 - ``gateway``: to the agent's gateway alone (node token; the agent adds the Jupyter token);
 - ``ours``: the production path, portal proxy (uvicorn, the same ``JupyterProxy`` the portal serves,
   routed from a fixed table) → agent gateway → socket;
+- ``asgi-ws``: the same portal proxy served with uvicorn's own WebSocket protocol, so kernel messages go
+  through its ASGI path (parsed and framed again) instead of ``portal/ws_relay.py``'s byte relay: the
+  baseline for the relay, in the same run;
 - ``chp``: configurable-http-proxy (npm, installed under .data/bench on first run) → the same socket.
 
 Prints p50/p99 in milliseconds and the ratios, and the CPU time the proxies on each path spent per
@@ -231,13 +234,19 @@ def main() -> None:
         if not sock.startswith("/"):
             raise SystemExit(f"bench: expected a Unix socket upstream, got {upstream!r}")
 
-        proxy = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "--factory", "proxy:make_app", "--app-dir", str(ROOT / "bench"),
-             "--host", "127.0.0.1", "--port", str(proxy_port), "--log-level", "warning", "--no-access-log",
-             "--ws-per-message-deflate", "false", *os.environ.get("BENCH_UVICORN", "").split()],
-            env=env, cwd=ROOT,
-        )  # fmt: skip
-        processes.append(proxy)
+        def serve_proxy(port: int, ws: str) -> subprocess.Popen:
+            return subprocess.Popen(
+                [sys.executable, "-m", "uvicorn", "--factory", "proxy:make_app",
+                 "--app-dir", str(ROOT / "bench"), "--host", "127.0.0.1", "--port", str(port),
+                 "--log-level", "warning", "--no-access-log", "--ws", ws, "--ws-per-message-deflate", "false",
+                 *os.environ.get("BENCH_UVICORN", "").split()],
+                env=env, cwd=ROOT,
+            )  # fmt: skip
+
+        proxy = serve_proxy(proxy_port, "portal.ws_relay:WebSocketRelay")  # as the portal is served
+        asgi_port = _free_port()
+        asgi_proxy = serve_proxy(asgi_port, "auto")  # the same proxy, WebSockets through its ASGI path
+        processes += [proxy, asgi_proxy]
         chp = _chp_binary(data)
         if chp:
             target = "unix+http://" + urllib.parse.quote(sock, safe="")
@@ -251,6 +260,7 @@ def main() -> None:
             "direct": Way("http://localhost", jupyter, {}, uds=sock),
             "gateway": Way(agent_url, node, {}),
             "ours": Way(f"http://127.0.0.1:{proxy_port}", {}, {"sessionid": COOKIE}),
+            "asgi-ws": Way(f"http://127.0.0.1:{asgi_port}", {}, {"sessionid": COOKIE}),
         }
         if chp:
             paths["chp"] = Way(f"http://127.0.0.1:{chp_port}", jupyter, {})
@@ -262,7 +272,12 @@ def main() -> None:
         time.sleep(2)
 
         # The proxies each path goes through, whose CPU time it is charged.
-        on_path = {"direct": [], "gateway": [agent.pid], "ours": [agent.pid, proxy.pid]}
+        on_path = {
+            "direct": [],
+            "gateway": [agent.pid],
+            "ours": [agent.pid, proxy.pid],
+            "asgi-ws": [agent.pid, asgi_proxy.pid],
+        }
         if chp:
             on_path["chp"] = [processes[-1].pid]
         # Interleave the paths in blocks so that load from elsewhere on the machine hits all of them alike.
@@ -304,6 +319,10 @@ def main() -> None:
         print(f"\nours (portal -> agent -> socket) / direct, HTTP p50: {o50 / d50:.2f}x   (target <= 1.5x)")
         print(f"gateway alone / direct, HTTP p50: {g50 / d50:.2f}x")
         print(f"ours - direct, WS p50: {ow50 - dw50:+.3f} ms")
+        _, (aw50, _) = results["asgi-ws"]
+        print(
+            f"ours (WebSocket relayed as bytes) / asgi-ws (frames through ASGI), WS p50: {ow50 / aw50:.2f}x"
+        )
         if "chp" in results:
             (c50, _), (cw50, _) = results["chp"]
             print(f"chp / direct, HTTP p50: {c50 / d50:.2f}x;  chp - direct, WS p50: {cw50 - dw50:+.3f} ms")

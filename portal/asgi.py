@@ -43,4 +43,5 @@ async def application(scope, receive, send):
         await django_application(scope, receive, send)
 
 
+application.jupyter_proxy = proxy  # the WebSocket relay asks it (portal/ws_relay.py)
 proxy_application = JupyterProxy(resolver=jupyter_route_resolve)

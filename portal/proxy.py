@@ -130,7 +130,7 @@ class JupyterProxy:
         if not session_id:
             await self._plain(scope, send, 404, b"Not found")
             return
-        if not _same_origin(headers):
+        if not same_origin(headers):
             await self._plain(scope, send, 403, b"Cross-origin request refused")
             return
         route = await self.route_for(headers.get(b"cookie", b"").decode("latin-1"), session_id)
@@ -318,14 +318,14 @@ def _raw_path(scope) -> str:
 
 def _forward_headers(raw_headers, route: Route) -> list[tuple[bytes, bytes]]:
     forwarded = [(name, value) for name, value in raw_headers if name not in HOP_BY_HOP]
-    cookie = _jupyter_cookies(raw_headers)
+    cookie = jupyter_cookies(raw_headers)
     if cookie:
         forwarded.append((b"cookie", cookie))
     forwarded.append((b"authorization", route.authorization.encode()))
     return forwarded
 
 
-def _jupyter_cookies(raw_headers) -> bytes:
+def jupyter_cookies(raw_headers) -> bytes:
     """The browser's cookies minus the portal's own (session, CSRF, language)."""
     kept = []
     for name, value in raw_headers:
@@ -338,7 +338,7 @@ def _jupyter_cookies(raw_headers) -> bytes:
     return b"; ".join(kept)
 
 
-def _same_origin(headers: dict[bytes, bytes]) -> bool:
+def same_origin(headers: dict[bytes, bytes]) -> bool:
     origin = headers.get(b"origin")
     if not origin:
         return True  # not a browser, or a same-origin GET; SameSite=Lax keeps cross-site cookies off

@@ -54,3 +54,11 @@ def test_the_procfile_runs_web_worker_and_beat():
     )
     assert {"web", "worker", "beat"} <= set(procfile)
     assert "uvicorn portal.asgi:application" in procfile["web"]
+
+
+def test_every_way_of_serving_the_portal_relays_jupyter_websockets_as_bytes():
+    """portal/ws_relay.py: without it a kernel's messages are parsed and framed again in the portal."""
+    relay = "--ws portal.ws_relay:WebSocketRelay"
+    assert relay in (ROOT / "Procfile").read_text()
+    assert relay in _compose()["services"]["web"]["command"][2]
+    assert '"--ws", "portal.ws_relay:WebSocketRelay"' in (ROOT / "Dockerfile").read_text()

@@ -25,6 +25,7 @@ import websockets
 
 from portal.proxy import JupyterProxy, Refusal, Route
 from portal.upstream import UpstreamPool
+from portal.ws_relay import WebSocketRelay
 
 
 def _run_in_thread(coroutine):
@@ -50,7 +51,8 @@ def jupyter(tmp_path_factory):
     process = subprocess.Popen(
         [sys.executable, "-m", "jupyter", "lab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
          f"--ServerApp.base_url=/jupyter/{session_id}/", f"--IdentityProvider.token={token}",
-         f"--ServerApp.root_dir={home}", "--ServerApp.disable_check_xsrf=False", "--allow-root"],
+         f"--ServerApp.root_dir={home}", "--ServerApp.disable_check_xsrf=False", "--allow-root",
+         "--ZMQChannelsWebsocketConnection.limit_rate=False"],  # the large-output test wants it whole
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={"HOME": str(home), "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"},
     )  # fmt: skip
     upstream = f"http://127.0.0.1:{port}"
@@ -75,8 +77,11 @@ def jupyter(tmp_path_factory):
     process.wait(timeout=20)
 
 
-@pytest.fixture(scope="module")
-def proxy_url(jupyter):
+@pytest.fixture(scope="module", params=["relay", "asgi"])
+def proxy_url(request, jupyter):
+    """The proxy under uvicorn, its WebSockets relayed as bytes (portal/ws_relay.py, as the portal is
+    served) or through the ASGI path (any other server)."""
+
     def resolve(cookie: str, session_id: str):
         if session_id != jupyter["session_id"]:
             return None
@@ -85,8 +90,11 @@ def proxy_url(jupyter):
         return Route(jupyter["upstream"], jupyter["token"], scheme="token") if cookie == "owner" else None
 
     port = _free_port()
+    ws = WebSocketRelay if request.param == "relay" else "auto"
     server = uvicorn.Server(
-        uvicorn.Config(JupyterProxy(resolver=resolve), host="127.0.0.1", port=port, log_level="warning")
+        uvicorn.Config(
+            JupyterProxy(resolver=resolve), host="127.0.0.1", port=port, log_level="warning", ws=ws
+        )
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -165,10 +173,10 @@ def test_uploads_and_downloads_stream_through(proxy_url, jupyter):
 def test_the_portal_cookies_stay_with_the_portal(proxy_url, jupyter):
     # A kernel prints the Cookie header Jupyter received on its own request log; simpler: Jupyter's
     # /api/me echoes the identity, so check with an upstream that records headers instead.
-    from portal.proxy import _jupyter_cookies
+    from portal.proxy import jupyter_cookies
 
     raw = [(b"cookie", b"sessionid=abc; csrftoken=def; _xsrf=keep; django_language=zh-hans; other=1")]
-    assert _jupyter_cookies(raw) == b"_xsrf=keep; other=1"
+    assert jupyter_cookies(raw) == b"_xsrf=keep; other=1"
 
 
 def test_a_kernel_runs_code_over_the_proxied_websocket(proxy_url, jupyter):
@@ -206,6 +214,125 @@ def test_a_websocket_of_a_stranger_is_closed(proxy_url, jupyter):
 
     with pytest.raises(websockets.exceptions.WebSocketException):
         _run_in_thread(run())
+
+
+def _handshake_status(url: str, cookie: str, origin: str | None = None) -> int:
+    async def run() -> int:
+        try:
+            async with websockets.connect(url, additional_headers={"Cookie": cookie}, origin=origin):
+                return 101
+        except websockets.exceptions.InvalidStatus as refused:
+            return refused.response.status_code
+
+    return _run_in_thread(run())
+
+
+def test_a_refused_handshake_says_why(proxy_url, jupyter):
+    events = f"/jupyter/{jupyter['session_id']}/api/events/subscribe"
+    assert _handshake_status(f"ws://{proxy_url}{events}", "sessionid=stranger") == 404
+    assert (
+        _handshake_status(f"ws://{proxy_url}/jupyter/elsewhere/api/events/subscribe", "sessionid=owner")
+        == 404
+    )
+    assert _handshake_status(f"ws://{proxy_url}{events}", "sessionid=stopped") == 409
+    assert _handshake_status(f"ws://{proxy_url}{events}", "sessionid=owner", "https://evil.example") == 403
+    assert _handshake_status(f"ws://{proxy_url}{events}", "sessionid=owner", f"http://{proxy_url}") == 101
+    assert _handshake_status(f"ws://{proxy_url}/elsewhere", "sessionid=owner") == 404  # not the proxy's
+
+
+def test_a_large_output_comes_through_whole(proxy_url, jupyter):
+    """Megabytes from a kernel: the relay stops reading the agent while the browser is behind."""
+    sid = jupyter["session_id"]
+    with _client(proxy_url) as client:
+        kernel = client.post(
+            f"/jupyter/{sid}/api/kernels", json={"name": "python3"}, headers={"Origin": f"http://{proxy_url}"}
+        ).json()
+
+    async def run() -> int:
+        uri = f"ws://{proxy_url}/jupyter/{sid}/api/kernels/{kernel['id']}/channels"
+        async with websockets.connect(
+            uri, additional_headers={"Cookie": "sessionid=owner"}, origin=f"http://{proxy_url}", max_size=None
+        ) as ws:
+            msg_id = uuid.uuid4().hex
+            await ws.send(json.dumps({
+                "header": {"msg_id": msg_id, "username": "t", "session": uuid.uuid4().hex, "msg_type": "execute_request", "version": "5.3"},
+                "parent_header": {}, "metadata": {}, "channel": "shell",
+                "content": {"code": "print('x' * 4_000_000)", "silent": False, "store_history": False,
+                            "user_expressions": {}, "allow_stdin": False},
+            }))  # fmt: skip
+            received = 0
+            while True:
+                message = json.loads(await asyncio.wait_for(ws.recv(), 60))
+                if message["parent_header"].get("msg_id") != msg_id:
+                    continue
+                if message["msg_type"] == "stream":
+                    received += message["content"]["text"].count("x")
+                if message["msg_type"] == "status" and message["content"]["execution_state"] == "idle":
+                    return received
+
+    assert _run_in_thread(run()) == 4_000_000
+
+
+def test_the_agent_gets_the_upgrade_with_the_nodes_credential_and_without_the_portals_cookies():
+    """A recording upstream (a socket of the test's own) answers 101 and echoes; the relay must send
+    it the node token, the agent's own host and origin, the Jupyter cookies only, and then bytes as
+    they are."""
+    heads: list[bytes] = []
+
+    async def run() -> bytes:
+        async def upstream(reader, writer):
+            head = await reader.readuntil(b"\r\n\r\n")
+            heads.append(head)
+            writer.write(
+                b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: Upgrade\r\n\r\n"
+            )
+            while data := await reader.read(65536):
+                writer.write(data)  # echo whatever the client sends, frames as they are
+            writer.close()
+
+        agent = await asyncio.start_server(upstream, "127.0.0.1", 0)
+        agent_port = agent.sockets[0].getsockname()[1]
+
+        def resolve(cookie, session_id):
+            return Route(f"http://127.0.0.1:{agent_port}", "node-token") if cookie == "owner" else None
+
+        port = _free_port()
+        server = uvicorn.Server(
+            uvicorn.Config(JupyterProxy(resolver=resolve), host="127.0.0.1", port=port, log_level="warning",
+                           ws=WebSocketRelay, lifespan="off")
+        )  # fmt: skip
+        serving = asyncio.ensure_future(server.serve())
+        while not server.started:
+            await asyncio.sleep(0.02)
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(
+                b"GET /jupyter/s1/api/kernels/k/channels?session_id=x HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
+                b"Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                b"Sec-WebSocket-Version: 13\r\nCookie: sessionid=owner; csrftoken=c; _xsrf=keep\r\n"
+                b"Authorization: Bearer stolen\r\n\r\n" % port
+            )
+            answer = await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"\x81\x85abcd" + bytes(a ^ b for a, b in zip(b"hello", b"abcdabcd")))
+            echoed = await asyncio.wait_for(reader.readexactly(11), 5)
+            writer.close()
+            return answer.split(b"\r\n", 1)[0], echoed
+        finally:
+            server.should_exit = True
+            await serving
+            agent.close()
+
+    status_line, echoed = _run_in_thread(run())
+    assert status_line == b"HTTP/1.1 101 Switching Protocols"
+    assert echoed[:2] == b"\x81\x85"  # the client's frame, untouched
+    head = heads[0].decode().lower().split("\r\n")
+    assert head[0] == "get /jupyter/s1/api/kernels/k/channels?session_id=x http/1.1"
+    assert "authorization: bearer node-token" in head and "authorization: bearer stolen" not in head
+    assert "cookie: _xsrf=keep" in head and not any(
+        "sessionid" in line or "csrftoken" in line for line in head
+    )
+    assert "sec-websocket-key: dghlihnhbxbszsbub25jzq==" in head
+    assert any(line.startswith("origin: http://127.0.0.1:") for line in head)
 
 
 class _CountingPool(UpstreamPool):

@@ -60,7 +60,7 @@ def portal(transactional_db, tmp_path, celery_worker_process):
     log = tmp_path / "uvicorn.log"
     env = subprocess_env(AGENT_HEARTBEAT_INTERVAL_SECONDS="1")
     command = [sys.executable, "-m", "uvicorn", "portal.asgi:application", "--host", "127.0.0.1",
-               "--port", str(port), "--no-access-log"]  # fmt: skip
+               "--port", str(port), "--no-access-log", "--ws", "portal.ws_relay:WebSocketRelay"]  # fmt: skip
     with open(log, "wb") as out:
         process = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"

@@ -66,7 +66,7 @@ def remote_node(transactional_db, tmp_path, celery_worker_process):
         with open(web_log, "wb") as out:
             web = subprocess.Popen(
                 [sys.executable, "-m", "uvicorn", "portal.asgi:application", "--host", ns.host_address,
-                 "--port", str(PORTAL_PORT), "--no-access-log"],
+                 "--port", str(PORTAL_PORT), "--no-access-log", "--ws", "portal.ws_relay:WebSocketRelay"],
                 cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
             )  # fmt: skip
         site = tmp_path / "site"  # a web server on "the internet": a namespace linked to the node only
