@@ -29,6 +29,7 @@ from pathlib import Path
 import httpx
 
 from chaos.stack import A100, ENVIRONMENT, FLEETS, ROOT, Stack, Timings, wait_for
+from load import cpu
 
 BENCH_ARGS = {"proxy.py": ["--requests", "2000"]}  # the others at their full sizes
 BENCH_TIMEOUT_SECONDS = 900
@@ -170,12 +171,15 @@ def _locust(stack: Stack, plan_file: Path, *, users: int, seconds: int) -> dict[
     ]  # fmt: skip
     env = {**os.environ, "LOAD_PLAN": str(plan_file)}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    processes_before = cpu.snapshot(os.getpid(), stack.data_dir)
     started = time.monotonic()
     with (stack.log_dir / f"locust-{users}.log").open("wb") as log:
         subprocess.run(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, check=False)
+    elapsed = time.monotonic() - started
+    parts = cpu.by_part(processes_before, cpu.snapshot(os.getpid(), stack.data_dir), elapsed)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    stats: dict = {"_generator_cpu": cpu / (time.monotonic() - started)}  # cores the generator used
+    generator = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    stats: dict = {"_generator_cpu": generator / elapsed, "_parts": parts}  # cores the generator used
     with open(f"{prefix}_stats.csv", newline="") as handle:
         for row in csv.DictReader(handle):
             if row["Name"] in ENDPOINTS:
@@ -293,6 +297,10 @@ def _write(path: Path, *, stats, seconds, load_average, benches, extra_env) -> N
             f"The load generator used {phase['_generator_cpu']:.2f} of the {os.cpu_count()} cores. "
             f"PostgreSQL connections right after the load, by process: {phase.get('_connections', '?')}.",
         ]
+        if phase.get("_parts"):
+            lines += ["", "Cores used by each part of the stack during the phase (from /proc):", ""]
+            lines += ["| part | cores |", "| --- | ---: |"]
+            lines += [f"| {part} | {cores:.2f} |" for part, cores in phase["_parts"].items()]
         if phase.get("_failures", "").count("\n") > 1:
             lines += ["", "Failures (locust):", "", "```text", phase["_failures"].strip(), "```"]
     heading = "## Benchmarks (`bench/`)"

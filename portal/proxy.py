@@ -11,7 +11,9 @@ parse, a dictionary lookup and the upstream round trip — no Django request cyc
   own port: a GPU host is another machine), authenticated as the portal with the node token; the agent
   adds the Jupyter token and refuses a session it does not run. The portal's own cookies are never passed
   on, and a credential is scrubbed out of every HTML or JSON answer, so no token reaches a browser;
-- streams bodies both ways (uploads and downloads of any size), and relays WebSocket frames.
+- streams bodies both ways (uploads and downloads of any size), and relays WebSocket frames. Served
+  by uvicorn with ``--ws portal.ws_relay:WebSocketRelay`` (as the portal is), a WebSocket is relayed as
+  bytes instead, after the same checks (``portal/ws_relay.py``); the ASGI path serves any other server.
 
 It can run as its own process with the same code (``uvicorn portal.asgi:proxy_application``).
 """

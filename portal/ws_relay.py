@@ -20,12 +20,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from uvicorn.protocols.websockets.auto import AutoWebSocketsProtocol
 
-from portal.proxy import HOP_BY_HOP, PREFIX, JupyterProxy, Refusal, Route, jupyter_cookies, same_origin
+if TYPE_CHECKING:
+    from portal.proxy import JupyterProxy, Route
 
+# Nothing of Django here at import: uvicorn imports this class before the application, and settings
+# read that early would miss what portal.asgi sets first (the web process's connection pool).
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_SECONDS = 5.0
@@ -38,6 +41,8 @@ REASONS = {403: b"Forbidden", 404: b"Not Found", 409: b"Conflict", 502: b"Bad Ga
 def jupyter_proxy_of(app: Any) -> JupyterProxy | None:
     """The ``JupyterProxy`` an application serves: itself, its ``jupyter_proxy`` attribute
     (``portal.asgi.application``), or one found through the ``app`` of uvicorn's wrapping middleware."""
+    from portal.proxy import JupyterProxy
+
     for _ in range(8):
         if isinstance(app, JupyterProxy):
             return app
@@ -157,6 +162,8 @@ class WebSocketRelay(_Side):
     # -- the upgrade -----------------------------------------------------------------------------------
 
     def _begin(self, head: bytes) -> None:
+        from portal.proxy import PREFIX
+
         method_line, _, header_block = head.partition(b"\r\n")
         parts = method_line.split(b" ")
         target = parts[1].decode("latin-1") if len(parts) == 3 else ""
@@ -183,6 +190,8 @@ class WebSocketRelay(_Side):
         protocol.data_received(head)
 
     async def _open(self, proxy: JupyterProxy, target: str, path: str, headers: list) -> None:
+        from portal.proxy import PREFIX, Refusal, same_origin
+
         first = {}
         for name, value in headers:
             first.setdefault(name, value)
@@ -240,6 +249,8 @@ class WebSocketRelay(_Side):
         agent.head.clear()
         self.tunnel(agent.transport)
         agent.tunnel(self.transport)
+        if not self._write_paused:
+            agent.transport.resume_reading()  # paused if more than a head came before the tunnel
         if self.early:
             agent.transport.write(b"".join(self.early))
             self.early.clear()
@@ -261,6 +272,8 @@ class WebSocketRelay(_Side):
 def _upgrade_head(target: str, headers: list, route: Route, host: str, port: int) -> bytes:
     """The upgrade as the agent gets it: the client's WebSocket headers (key, version, subprotocols,
     extensions), the Jupyter cookies only, the node's credential, and the agent's own host and origin."""
+    from portal.proxy import HOP_BY_HOP, jupyter_cookies
+
     lines = [b"GET %s HTTP/1.1" % target.encode("latin-1"), b"host: %s:%d" % (host.encode(), port)]
     lines += [name + b": " + value for name, value in headers if name not in HOP_BY_HOP]
     lines += [b"connection: Upgrade", b"upgrade: websocket"]
