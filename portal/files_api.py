@@ -22,7 +22,7 @@ from rest_framework.views import APIView
 from core.errors import ValidationFailed
 from portal.homes import CHUNK_MAX_BYTES, home_storage
 from portal.homes.base import Upload
-from portal.services import home_file_delete
+from portal.services import home_file_delete, home_upload_begin
 from provisioner.selectors import workload_user
 
 PATH = OpenApiParameter("path", str, description="A path relative to your home, e.g. data/train.csv.")
@@ -119,11 +119,8 @@ class UploadListView(APIView):
     def post(self, request: Request) -> Response:
         fields = FileUploadIn(data=request.data)
         fields.is_valid(raise_exception=True)
-        upload = home_storage().upload_create(
-            owner_id=request.user.pk,
-            folder=workload_user(request.user),
-            path=fields.validated_data["path"],
-            size_bytes=fields.validated_data["size"],
+        upload = home_upload_begin(
+            user=request.user, path=fields.validated_data["path"], size_bytes=fields.validated_data["size"]
         )
         return _upload_response(upload, status.HTTP_201_CREATED)
 

@@ -20,7 +20,7 @@ from billing.permissions import TEAM_ROLE_REQUIRED
 from core.errors import Conflict, Forbidden, NotFound, ValidationFailed
 from portal.auth import token_generate, token_hash
 from portal.homes import home_storage
-from portal.homes.base import DeleteIncomplete, Removed
+from portal.homes.base import DeleteIncomplete, Removed, Upload
 from portal.models import AccessToken, Membership, Team, TeamInvite, User
 from provisioner import quotas
 from provisioner.models import Quota
@@ -368,6 +368,16 @@ def access_token_revoke(*, user: User, token_id: int) -> None:
     )
     if not updated:
         raise NotFound(_("No such token."))
+
+
+def home_upload_begin(*, user: User, path: str, size_bytes: int) -> Upload:
+    """Begin a resumable upload into the user's own home (``HomeStorage.upload_create``), refused with
+    ``quota_storage`` when the file would take the home over its limit (``quotas.home_upload_admit``) and
+    with ``uploads_open`` when the user has the most uploads under way."""
+    quotas.home_upload_admit(user=user, size_bytes=size_bytes)
+    return home_storage().upload_create(
+        owner_id=user.pk, folder=workload_user(user), path=path, size_bytes=size_bytes
+    )
 
 
 def home_file_delete(*, user: User, path: str) -> Removed:

@@ -285,6 +285,7 @@ except ConfigError as exc:
 CELERY_BEAT_SCHEDULE = {
     "beat-pulse": {"task": "portal.tasks.beat_pulse", "schedule": BEAT_PULSE_SECONDS},
     "portal-daily-grants": {"task": "portal.tasks.daily_grants_task", "schedule": _daily_grants},
+    "portal-uploads-expire": {"task": "portal.tasks.uploads_expire_task", "schedule": _homes_retention},
     # --- billing schedule (owned by billing) ---
     "billing-metering-tick": {"task": "billing.tasks.metering_tick_task", "schedule": METERING_TICK_SECONDS},
     "billing-card-expire": {"task": "billing.tasks.card_expire_task", "schedule": _card_expire},
@@ -365,6 +366,10 @@ try:
     HOMES_BACKEND = env("HOMES_BACKEND", "local", choices=("local", "shared"))
     HOMES_SHARED_ROOT = env("HOMES_SHARED_ROOT", "")  # the shared root as mounted on the portal's machine
     HOMES_UPLOAD_MAX_BYTES = env("HOMES_UPLOAD_MAX_BYTES", 100 * 2**30)  # one file
+    # Partial uploads live outside the homes, where quotas do not see them: a user has at most this many
+    # at once, and one not resumed for HOMES_UPLOAD_ABANDONED_HOURS is discarded (docs/STORAGE.md).
+    HOMES_UPLOADS_OPEN_MAX = env("HOMES_UPLOADS_OPEN_MAX", 8)
+    HOMES_UPLOAD_ABANDONED_HOURS = env("HOMES_UPLOAD_ABANDONED_HOURS", 48)
     # A user's home, as the agents measure it (docs/STORAGE.md); 0: no limit. A user's quota row overrides.
     HOMES_QUOTA_BYTES = env("HOMES_QUOTA_BYTES", 20 * 2**30)
     HOMES_QUOTA_FILES = env("HOMES_QUOTA_FILES", 500_000)

@@ -16,6 +16,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from billing.services.cards import card_daily_grant
+from portal.homes import home_storage
 from portal.models import User
 
 log = logging.getLogger("portal.tasks")
@@ -82,3 +83,13 @@ def daily_grants_task() -> int:
         except Exception:  # one user's failure must not cost everyone else their grant
             log.exception("daily grant for user %s", user.pk)
     return granted
+
+
+@shared_task
+def uploads_expire_task() -> int:
+    """Hourly: discard partial uploads from the portal that no part reached for
+    HOMES_UPLOAD_ABANDONED_HOURS (they sit outside the homes, where no quota counts them)."""
+    expired = home_storage().uploads_expire(idle_seconds=settings.HOMES_UPLOAD_ABANDONED_HOURS * 3600)
+    if expired:
+        log.info("discarded %d abandoned uploads", expired)
+    return expired

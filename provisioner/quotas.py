@@ -465,6 +465,31 @@ def home_admit(*, user) -> None:
         )
 
 
+def home_upload_admit(*, user, size_bytes: int) -> None:
+    """Raise QuotaExceeded (``quota_storage``) when a file of ``size_bytes`` would take the user's home,
+    as last measured, over its byte limit, or the home is over its file limit already. Uploads from the
+    portal count against the same limits as what sessions write."""
+    use = home_use(user=user)
+    if use is None:
+        return
+    if use.bytes + size_bytes > use.max_bytes:
+        raise QuotaExceeded(
+            _(
+                "This file (%(size)s) would take your home over its limit: it holds %(used)s of at most "
+                "%(limit)s. Delete files on the Files page, or ask an administrator to raise your limit."
+            )
+            % {
+                "size": filesizeformat(size_bytes),
+                "used": filesizeformat(use.bytes),
+                "limit": filesizeformat(use.max_bytes),
+            },
+            code="quota_storage",
+            fields={"home_bytes": f"{use.bytes} + {size_bytes} > {use.max_bytes}"},
+        )
+    if use.over_files:
+        home_admit(user=user)
+
+
 def _clean_limits(limits: dict) -> dict:
     unknown = set(limits) - set(LIMIT_FIELDS)
     if unknown:

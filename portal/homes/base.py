@@ -104,6 +104,10 @@ class HomeStorage:
     def delete(self, *, folder: str, path: str) -> Removed:
         raise FilesUnavailable(_unavailable())
 
+    def uploads_expire(self, *, idle_seconds: float) -> int:
+        """Discard partial uploads that no part reached for ``idle_seconds``; how many went."""
+        return 0
+
 
 def _unavailable():
     return _(

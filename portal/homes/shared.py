@@ -26,6 +26,7 @@ import os
 import re
 import secrets
 import stat
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -237,6 +238,15 @@ class SharedHomes(HomeStorage):
                 fields={"size": str(size_bytes)},
             )
         self.uploads.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if self._open_uploads(owner_id) >= settings.HOMES_UPLOADS_OPEN_MAX:
+            raise Conflict(
+                _(
+                    "You have %(count)s uploads under way, the most at once: finish or wait for one "
+                    "of them (an upload not resumed for %(hours)s hours is discarded)."
+                )
+                % {"count": settings.HOMES_UPLOADS_OPEN_MAX, "hours": settings.HOMES_UPLOAD_ABANDONED_HOURS},
+                code="uploads_open",
+            )
         upload_id = secrets.token_hex(16)
         record = {"owner_id": owner_id, "folder": folder, "path": "/".join(parts), "size_bytes": size_bytes}
         fd = os.open(self.uploads / f"{upload_id}.part", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -248,6 +258,38 @@ class SharedHomes(HomeStorage):
         if size_bytes == 0:
             self._finish(upload_id, record)
         return upload
+
+    def _open_uploads(self, owner_id: int) -> int:
+        count = 0
+        for entry in os.scandir(self.uploads):
+            if entry.name.endswith(".json") and _UPLOAD_ID.fullmatch(entry.name[:-5]):
+                with contextlib.suppress(OSError, ValueError):
+                    count += json.loads(Path(entry.path).read_text()).get("owner_id") == owner_id
+        return count
+
+    def uploads_expire(self, *, idle_seconds: float) -> int:
+        """A partial upload is idle since its part file last grew (or since it began); one idle for
+        ``idle_seconds`` loses its record first (so a late part gets 404, never half a file), then its
+        part file."""
+        if not self.uploads.is_dir():
+            return 0
+        cutoff, expired = time.time() - idle_seconds, 0
+        for entry in os.scandir(self.uploads):
+            if not (entry.name.endswith(".json") and _UPLOAD_ID.fullmatch(entry.name[:-5])):
+                continue
+            upload_id = entry.name[:-5]
+            part = self.uploads / f"{upload_id}.part"
+            try:
+                touched = max(entry.stat().st_mtime, part.stat().st_mtime)
+            except FileNotFoundError:  # finished or expired meanwhile
+                continue
+            if touched >= cutoff:
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry.path)
+                part.unlink(missing_ok=True)
+                expired += 1
+        return expired
 
     def _record(self, owner_id: int, upload_id: str) -> dict:
         """The upload's record, for its owner only (anyone else gets the same NotFound as a bad id)."""

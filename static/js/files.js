@@ -36,6 +36,8 @@ document.addEventListener("submit", function (event) {
     var fresh = function () {
       return call("POST", "/api/v1/files/uploads", JSON.stringify({ path: path, size: file.size }),
         { "Content-Type": "application/json" }).then(json).then(function (answer) {
+        // 409 here is not an offset to resume from: the most uploads at once are under way
+        if (answer[0] === 409) throw new Error(answer[1].error ? answer[1].error.message : 409);
         localStorage.setItem(key, answer[1].id);
         return answer[1];
       });

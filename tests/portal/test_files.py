@@ -235,3 +235,61 @@ def test_the_files_page_says_where_files_are_when_homes_are_local(settings, clie
     client.force_login(make_user())
     page = client.get("/files/")
     assert page.status_code == 200 and "open them in JupyterLab" in page.content.decode()
+
+
+@pytest.mark.django_db
+def test_a_file_that_would_take_the_home_over_its_limit_is_refused_before_a_byte_lands(root, settings):
+    from django.utils import timezone
+
+    from provisioner.models import HomeUsage
+
+    settings.HOMES_QUOTA_BYTES = 10 * MIB
+    alice = make_user("alice")
+    HomeUsage.objects.create(user=alice, bytes=8 * MIB, files=10, measured_at=timezone.now())
+    client = _client(alice)
+    refused = client.post("/api/v1/files/uploads", {"path": "big.bin", "size": 3 * MIB}, format="json")
+    assert refused.status_code == 403
+    assert refused.json()["error"]["code"] == "quota_storage"
+    message = refused.json()["error"]["message"].replace("\xa0", " ")
+    assert "This file (3.0 MB)" in message and "8.0 MB of at most 10.0 MB" in message
+    assert _everything_under(root) <= {".suanli", ".suanli/uploads"}  # nothing began
+    assert (
+        client.post("/api/v1/files/uploads", {"path": "s.bin", "size": MIB}, format="json").status_code == 201
+    )
+
+
+@pytest.mark.django_db
+def test_a_user_has_a_bounded_number_of_uploads_under_way(root, settings):
+    settings.HOMES_UPLOADS_OPEN_MAX = 2
+    alice, bob = make_user("alice"), make_user("bob")
+    alices = _client(alice)
+    first = _begin(alices, "a.bin", 4)
+    _begin(alices, "b.bin", 4)
+    third = alices.post("/api/v1/files/uploads", {"path": "c.bin", "size": 4}, format="json")
+    assert third.status_code == 409
+    assert third.json()["error"]["code"] == "uploads_open"
+    _begin(_client(bob), "a.bin", 4)  # another user's count is their own
+    assert _patch(alices, first, 0, b"done").status_code == 200  # a finished upload frees its place
+    _begin(alices, "c.bin", 4)
+
+
+@pytest.mark.django_db
+def test_an_abandoned_upload_is_discarded_and_a_late_part_finds_nothing(root, settings):
+    from portal.tasks import uploads_expire_task
+
+    settings.HOMES_UPLOAD_ABANDONED_HOURS = 48
+    alice = make_user("alice")
+    client = _client(alice)
+    stale, fresh = _begin(client, "old.bin", 8), _begin(client, "new.bin", 8)
+    assert _patch(client, stale, 0, b"half").status_code == 200
+    uploads = root / ".suanli" / "uploads"
+    long_ago = os.stat(uploads / f"{stale}.part").st_mtime - 49 * 3600
+    for name in (f"{stale}.part", f"{stale}.json"):
+        os.utime(uploads / name, (long_ago, long_ago))
+    assert uploads_expire_task() == 1
+    assert sorted(p.name for p in uploads.iterdir()) == [f"{fresh}.json", f"{fresh}.part"]
+    assert client.head(f"/api/v1/files/uploads/{stale}").status_code == 404
+    assert _patch(client, stale, 4, b"rest").status_code == 404
+    assert _patch(client, fresh, 0, b"12345678").status_code == 200  # untouched
+    assert (root / workload_user(alice) / "new.bin").read_bytes() == b"12345678"
+    assert uploads_expire_task() == 0
