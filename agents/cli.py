@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 from typing import NoReturn
 
-from agents import __version__
+from agents import __version__, homes
 from agents.api import AgentApi
 from agents.egress import EgressPolicy, EgressServer
 from agents.gpuplan import VGPU_LIB_TARGET, HostGpuTools
@@ -204,6 +204,10 @@ def main(argv: list[str] | None = None) -> int:
             interval_seconds=args.heartbeat_seconds,
             homes=home_meter(args, runtime),
         )
+    # removals of homes a kill cut short (docs/STORAGE.md, "Retention"), away from the start's path
+    threading.Thread(
+        target=homes.removing_sweep, args=(runtime.options.homes,), name="removing-sweep", daemon=True
+    ).start()
     serve(server, workloads, heartbeats)
     return 0
 

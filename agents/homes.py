@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import os
 import secrets
+import time
 from pathlib import Path
 
 from agents.spec import USER_RE
@@ -70,6 +71,35 @@ def detached_remove(root: Path, detached: str) -> None:
         tree_remove(removing_fd, detached)
     finally:
         os.close(removing_fd)
+
+
+def removing_sweep(root: Path, *, settled_seconds: float = 3600.0) -> int:
+    """Finish removals cut short (the agent or worker killed while it emptied a detached home): remove
+    every folder left in the removal folder whose last change is ``settled_seconds`` old, so one being
+    emptied right now is left to its remover. How many went; a folder that cannot go (another
+    filesystem mounted in it, an immutable file) is left for the next sweep."""
+    removing = root.joinpath(*REMOVING_DIR)
+    try:
+        removing_fd = os.open(removing, _DIR)
+    except FileNotFoundError:
+        return 0
+    removed = 0
+    try:
+        cutoff = time.time() - settled_seconds
+        for entry in os.scandir(removing_fd):
+            try:
+                if entry.stat(follow_symlinks=False).st_ctime > cutoff:
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    tree_remove(removing_fd, entry.name)
+                else:
+                    os.unlink(entry.name, dir_fd=removing_fd)
+                removed += 1
+            except OSError:
+                continue
+    finally:
+        os.close(removing_fd)
+    return removed
 
 
 def tree_remove(parent_fd: int, name: str) -> None:

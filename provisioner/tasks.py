@@ -181,6 +181,8 @@ def homes_retention_task() -> dict:
     )
     for removal in home_retention.home_removals_due(now=now):
         counts[_home_remove(removal, now)] += 1
+    if settings.HOMES_BACKEND == "shared" and (finished := home_retention.home_removals_finish_shared()):
+        counts["leftovers_removed"] = finished
     return dict(counts)
 
 

@@ -260,3 +260,9 @@ def home_remove_shared(*, removal_id: int, now: datetime) -> str:
     with contextlib.suppress(FileNotFoundError):
         agent_homes.detached_remove(root, detached)
     return "removed"
+
+
+def home_removals_finish_shared() -> int:
+    """Finish the shared root's removals that a killed worker cut short (``agents.homes.removing_sweep``);
+    how many went."""
+    return agent_homes.removing_sweep(Path(settings.HOMES_SHARED_ROOT))

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from agents.homes import DEPTH_MAX, tree_remove
+from agents.homes import DEPTH_MAX, REMOVING_DIR, home_detach, removing_sweep, tree_remove
 from tests.agents.conftest import workload_spec
 
 pytestmark = pytest.mark.slow
@@ -127,3 +127,23 @@ def test_tree_remove_takes_a_tree_deeper_than_its_descriptors(tmp_path):
     finally:
         os.close(fd)
     assert os.listdir(tmp_path) == []
+
+
+def test_a_removal_cut_short_is_finished_by_the_sweep_and_one_under_way_is_left(tmp_path):
+    """A worker or agent killed while it emptied a detached home leaves the rest in removing/: the
+    sweep takes what has not changed for the settled time, never what a link in it points at."""
+    root = tmp_path / "homes"
+    outside = tmp_path / "precious.txt"
+    outside.write_text("not a tenant's")
+    for name in ("alice", "bob"):
+        (root / name / "data").mkdir(parents=True)
+        (root / name / "data" / "x.bin").write_bytes(b"x" * 4096)
+        (root / name / "data" / "escape").symlink_to(outside)
+    stale = home_detach(root, "alice")
+    home_detach(root, "bob")
+    removing = root.joinpath(*REMOVING_DIR)
+    (removing / stale / "data" / "x.bin").unlink()  # the killed remover got this far
+    assert removing_sweep(root, settled_seconds=3600) == 0  # both changed just now: left alone
+    assert removing_sweep(root, settled_seconds=0) == 2
+    assert os.listdir(removing) == [] and outside.read_text() == "not a tenant's"
+    assert removing_sweep(tmp_path / "no-homes-here") == 0
