@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import re
+import sys
 import threading
 import urllib.error
 import urllib.request
@@ -52,7 +53,8 @@ def build_heartbeat(
     body = {
         "capabilities": {
             "sharing_policies": served_policies(tools or HostGpuTools()),
-            "environments": environments or [],
+            # the agent's own interpreter runs workloads too (an environment without one names it)
+            "environments": sorted({sys.executable, *(environments or [])}),
         },
         "agent_version": __version__,
         "listen_url": listen_url,

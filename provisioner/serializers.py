@@ -334,3 +334,4 @@ class QuotaOut(serializers.Serializer):
 class HeartbeatOut(serializers.Serializer):  # renders a services.heartbeats.HeartbeatAnswer
     desired_workloads = serializers.ListField(child=serializers.DictField())
     heartbeat_interval_seconds = serializers.IntegerField()
+    environments = serializers.ListField(child=serializers.CharField())

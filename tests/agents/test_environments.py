@@ -88,8 +88,9 @@ def test_a_home_prefix_that_leads_out_of_the_home_by_a_link_is_refused(tmp_path)
 
 def test_the_heartbeat_reports_the_interpreters_this_node_has(tmp_path):
     missing = str(tmp_path / "nowhere" / "bin" / "python")
-    served = present([sys.executable, missing, "relative/python", sys.executable])
-    assert served == [sys.executable]
+    other = _venv(tmp_path / "other")
+    served = present([str(other / "bin" / "python"), missing, "relative/python"])
+    assert served == [str(other / "bin" / "python")]
     reader = GpuReader(nvml_source("fake", fleet_path=str(CI_FLEET)).open())
     body = build_heartbeat(
         listen_url="http://127.0.0.1:1",
@@ -99,7 +100,7 @@ def test_the_heartbeat_reports_the_interpreters_this_node_has(tmp_path):
         pids_by_session={},
         environments=served,
     )
-    assert body["capabilities"]["environments"] == [sys.executable]
+    assert body["capabilities"]["environments"] == sorted([sys.executable, *served])  # its own, always
 
 
 # --- real workloads ----------------------------------------------------------------------------------
