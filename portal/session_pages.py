@@ -184,14 +184,17 @@ def _launch_choice(request: HttpRequest, catalog: dict, environments: list[dict]
         offered.append("cpu")
     profile = data.get("profile") if data.get("profile") in offered else (offered[0] if offered else "")
     by_value = {e["value"]: e for e in environments}
-    picked = by_value.get(data.get("environment")) or (environments[0] if environments else None)
+    asked = data.get("environment") or ""
+    picked = by_value.get(asked) or (environments[0] if environments else None)
+    # A launch names what was asked, offered or not (the service says why not); a look picks one offered.
+    launched = asked if request.method == "POST" and asked else None
     return {
         "gpu_model": gpu_model,
         "profile": profile,
         "offered": offered,
         "options": [(name, gpu_counts.get(name, 1)) for name in offered],  # (profile, whole GPUs it takes)
         "gpu_count": gpu_counts.get(profile, 1),
-        "environment": picked["value"] if picked else "",
+        "environment": launched or (picked["value"] if picked else ""),
         "surcharge_micros_per_hour": picked["surcharge_micros_per_hour"] if picked else 0,
         "max_hours": data.get("max_hours", ""),
         "idle_minutes": data.get("idle_minutes", ""),

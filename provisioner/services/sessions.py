@@ -727,7 +727,11 @@ def queue_dispatch(*, now: datetime | None = None) -> int:
     were placed."""
     now = now or timezone.now()
     held_slots_free()  # slots preempted sessions hold for sessions that no longer wait
-    waiting = list(Session.objects.filter(state=S.QUEUED).select_related("gpu_model", "profile", "account"))
+    waiting = list(
+        Session.objects.filter(state=S.QUEUED).select_related(
+            "gpu_model", "profile", "account", "environment__base"
+        )
+    )
     for session in waiting:
         if session.queued_at and now - session.queued_at > timedelta(seconds=session.queue_max_wait_seconds):
             session_end(
@@ -802,7 +806,10 @@ def _queue_reserve(session: Session, *, now: datetime) -> None:
     node_id = reserve_node_pick(
         gpu_model=session.gpu_model,
         gpu_count=session.profile.gpu_count,
-        taken=nodes_reserved(gpu_model=session.gpu_model, besides=session.id),
+        taken=[
+            *nodes_reserved(gpu_model=session.gpu_model, besides=session.id),
+            *nodes_lacking(session.environment),
+        ],
     )
     if node_id is None:
         return

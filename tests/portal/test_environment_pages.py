@@ -102,3 +102,14 @@ def test_my_environments_saves_lists_refuses_a_bad_path_and_removes(fleet):
     assert Environment.objects.filter(id=env.id).exists()
     assert client.post(f"/environments/{env.id}/remove").status_code == 302
     assert not Environment.objects.filter(id=env.id).exists()
+
+
+def test_a_launch_of_an_environment_no_node_has_is_refused_not_swapped_for_another(fleet):
+    user, client = _client("ada")
+    response = client.post(
+        "/launch/",
+        {"gpu_model": "T4", "profile": "whole", "environment": "elsewhere", "idempotency_key": "k-2"},
+    )
+    assert response.status_code == 200
+    assert "No node has the environment elsewhere installed yet." in response.content.decode()
+    assert not Session.objects.filter(owner=user).exists()
