@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from provisioner.models import Device
+from provisioner.models import Device, Session
 from provisioner.selectors import workload_user
 from provisioner.services.environments import environment_save
 from tests.agents.conftest import wait_for
@@ -70,3 +70,20 @@ def test_a_venv_saved_in_the_home_on_one_node_runs_the_next_sessions_kernel_on_a
     )
     home_inside = f"/home/{workload_user(alice)}"
     assert seen == {"prefix": f"{home_inside}/.venvs/mine", "value": "installed in session 1"}
+
+
+def test_a_saved_environment_missing_from_the_home_fails_its_session_saying_why(
+    portal,  # noqa: F811
+    agents,  # noqa: F811
+):
+    agents.enroll_and_start("node-a")
+    wait_for(lambda: Device.objects.filter(node__name="node-a").exists(), 20, 0.2, "node-a's GPUs")
+    alice = make_user("alice")
+    api = api_for(portal, alice)
+    environment_save(user=alice, name="ghost", home_path=".venvs/ghost", base=ENV)
+    session = launch(api, environment="mine:ghost")
+    failed = wait_state(api, session["id"], ("running", "failed"))
+    assert failed["state"] == "failed"
+    assert Session.objects.get(id=session["id"]).reason_key == "environment_unavailable"
+    assert "The environment ghost is not available on node-a" in failed["reason"]
+    assert "~/.venvs/ghost is not in the home folder" in failed["reason"]
