@@ -15,9 +15,11 @@ installed under ``/opt``). The portal names it by its interpreter's absolute pat
   a ``bin/python`` and a ``pyvenv.cfg`` or ``conda-meta``).
 
 The kernel needs ipykernel; a user's venv need not have it: the kernel spec's launcher appends the
-server environment's site-packages to ``sys.path`` after the venv's own, so what the user installed
-wins and ipykernel comes from the base (``python -m venv --system-site-packages`` from a kernel plus
-``pip install`` of what the user wants is all it takes).
+base's site-packages (the server's where the base has no ipykernel) to ``sys.path`` after the venv's
+own, so what the user installed wins and ipykernel comes from the base (``python -m venv
+--system-site-packages`` from a kernel plus ``pip install`` of what the user wants is all it takes). A
+published prefix with neither JupyterLab nor ipykernel borrows the server's, so it must be the agent's
+Python version.
 
 The agent reports which published interpreters it has (``present``) in each heartbeat, so the portal
 places a session only where its environment is.
@@ -207,11 +209,15 @@ def layout(
         kernel_python, prefix = base.python, base.prefix
     else:
         return Layout(server, None, tuple(sorted(kept)))
-    server_site = probe(server).site if server != agent else _own_site()
+    # ipykernel from the base where it has it (its own Python version), else from the server's environment
+    if base is not None and base.ipykernel:
+        ipykernel_site = base.site
+    else:
+        ipykernel_site = probe(server).site if server != agent else _own_site()
     spec = kernel_spec(
         python=kernel_python,
         display_name=name,
-        server_site=server_site,
+        server_site=ipykernel_site,
         prefix=prefix,
         path=f"{Path(server).parent}:{path}",
     )
