@@ -312,6 +312,11 @@ class NodeOut(serializers.Serializer):
     last_heartbeat_at = UtcDateTimeField(allow_null=True)
     agent_version = serializers.CharField()
     runtime = serializers.CharField()
+    environments = serializers.ListField(
+        child=serializers.CharField(),
+        allow_null=True,
+        help_text="The published interpreters it has; null: not reported.",
+    )
     devices = NodeDeviceOut(source="devices.all", many=True)
 
 

@@ -673,8 +673,9 @@ def heartbeat_record(*, node: Node, body) -> HeartbeatAnswer:
     that no reported device UUID belongs to another node (Conflict, nothing written), upserts devices,
     records metrics (keeping the last DEVICE_SAMPLES_KEPT per device), applies workload states to
     sessions (conditional transitions, meters alive/open/close), stores the homes' measured usage (the
-    newest measurement of each wins; garbage entries dropped), and marks the node seen (a node that
-    was down comes back to the state it had). Safe to repeat.
+    newest measurement of each wins; garbage entries dropped), the published interpreters the agent has
+    (``capabilities.environments``; the answer names them all, for the agent to check), and marks the
+    node seen (a node that was down comes back to the state it had). Safe to repeat.
     """
     body = heartbeat_validate(body)
     with transaction.atomic():
