@@ -8,6 +8,8 @@ import sys
 from datetime import timedelta
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from billing.models import AuditEntry, Meter
 from billing.services.ledger import wallet_for
@@ -164,3 +166,42 @@ def test_a_users_venv_is_registered_checked_for_shape_and_launched_on_its_base(c
     assert not Environment.objects.filter(owner=user, enabled=True).exists()
     assert Session.objects.get(id=session.id).environment_id == mine.id
     environment_save(user=user, name="mine", home_path=".venvs/mine", base="torch")  # the name is free again
+
+
+def test_an_admin_publishes_an_environment_with_its_tier_on_the_admin_site_audited(catalog, client):
+    admin = make_user(staff=True)
+    admin.is_superuser = True
+    admin.save(update_fields=["is_superuser"])
+    client.force_login(admin)
+    form = {
+        "name": "torch",
+        "python": TORCH,
+        "image": "",
+        "surcharge_micros_per_hour": "1200000",
+        "cpu_cores": "4",
+        "memory_mib": "16384",
+        "enabled": "on",
+    }
+    assert client.post("/admin/provisioner/environment/add/", form).status_code == 302
+    env = Environment.objects.get(name="torch", owner__isnull=True)
+    assert env.surcharge_micros_per_hour == 1_200_000 and env.python == TORCH
+    entry = AuditEntry.objects.get(action="environment.publish")
+    assert entry.actor_id == admin.id and entry.after["surcharge_micros_per_hour"] == 1_200_000
+    mine = environment_save(user=make_user(), name="mine", home_path=".venvs/mine", base="torch")
+    page = client.get(f"/admin/provisioner/environment/{mine.id}/change/")
+    assert page.status_code == 200 and b'name="home_path"' not in page.content  # a user's own: read-only
+
+
+@given(
+    price=st.integers(min_value=0, max_value=10**12),
+    burn=st.integers(min_value=0, max_value=10**12),
+    surcharge=st.integers(min_value=0, max_value=10**12),
+)
+def test_the_tier_adds_exactly_to_the_price_and_scales_the_burn_rounded_down(price, burn, surcharge):
+    tier = quote_with_surcharge(PriceQuote(1, price, burn), surcharge_micros_per_hour=surcharge)
+    assert tier.price_micros_per_hour == price + surcharge
+    if price and surcharge:  # burn × (price + surcharge) / price, rounded down to a whole micro-unit
+        assert tier.card_burn_micros_per_hour * price <= burn * (price + surcharge)
+        assert burn * (price + surcharge) < (tier.card_burn_micros_per_hour + 1) * price
+    else:
+        assert tier.card_burn_micros_per_hour == burn
