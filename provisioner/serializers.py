@@ -17,7 +17,9 @@ from provisioner.selectors import slot_map
 class LaunchIn(serializers.Serializer):
     gpu_model = serializers.CharField(max_length=64, required=False, allow_blank=True, default="")
     profile = serializers.CharField(max_length=32)
-    environment = serializers.CharField(max_length=64)
+    environment = serializers.CharField(
+        max_length=70, help_text='A published environment\'s name, or "mine:<name>" for one of your own.'
+    )
     max_hours = serializers.FloatField(required=False, allow_null=True, min_value=0.001, max_value=24 * 366)
     idle_minutes = serializers.IntegerField(
         required=False, allow_null=True, min_value=1, max_value=60 * 24 * 31
