@@ -27,7 +27,7 @@ GATEWAY_PREFIX = "/jupyter/"
 # can never serve, 409 for one its present state refuses; 5xx only for the agent's own faults.
 REFUSAL_STATUS = {
     "invalid_allocation": 422,
-    "environment_unusable": 422,
+    "environment_unavailable": 422,
     "gpu_busy": 409,
     "mps_unavailable": 409,
     "sandbox_unavailable": 409,

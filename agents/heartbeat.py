@@ -13,12 +13,14 @@ import contextlib
 import json
 import logging
 import re
+import sys
 import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterable, Mapping
 
 from agents import __version__
+from agents.environments import present
 from agents.gpuplan import HostGpuTools, served_policies
 from agents.home_usage import HomeMeter
 from agents.nvml import GpuReader
@@ -40,14 +42,20 @@ def build_heartbeat(
     tools: HostGpuTools | None = None,
     activity: Mapping[str, dict] | None = None,
     homes: list[dict] | None = None,
+    environments: list[str] | None = None,
 ) -> dict:
     """The heartbeat's body; ``activity`` is ``Workloads.activity()``, which the running workloads'
-    statuses carry with their GPU figures, and ``homes`` the homes measured since the portal last had
-    their figures (``HomeMeter.pending``; docs/AGENT_PROTOCOL.md)."""
+        statuses carry with their GPU figures, and ``homes`` the homes measured since the portal last had
+        their figures (``HomeMeter.pending``; docs/AGENT_PROTOCOL.md). ``environments``: the interpreters of
+    the portal's environments that this node has (``agents.environments.present``)."""
     activity = activity or {}
     metrics, per_session = reader.metrics(pids_by_session, gpu_of_session)
     body = {
-        "capabilities": {"sharing_policies": served_policies(tools or HostGpuTools())},
+        "capabilities": {
+            "sharing_policies": served_policies(tools or HostGpuTools()),
+            # the agent's own interpreter runs workloads too (an environment without one names it)
+            "environments": sorted({sys.executable, *(environments or [])}),
+        },
         "agent_version": __version__,
         "listen_url": listen_url,
         "runtime": runtime,
@@ -131,6 +139,7 @@ class Heartbeats(threading.Thread):
         self.workloads = workloads
         self.interval_seconds = interval_seconds
         self.failures = 0
+        self.environment_pythons: list[str] = []  # the portal's published interpreters, from its last answer
         self._stop = threading.Event()
 
     def stop(self) -> None:
@@ -151,6 +160,7 @@ class Heartbeats(threading.Thread):
             tools=workloads.tools,
             activity=workloads.activity(children),
             homes=homes,
+            environments=present(self.environment_pythons),
         )
         try:
             answer = post_heartbeat(self.portal, self.token, body)
@@ -167,6 +177,9 @@ class Heartbeats(threading.Thread):
         interval = answer.get("heartbeat_interval_seconds")
         if isinstance(interval, int | float) and not isinstance(interval, bool) and 0.2 <= interval <= 300:
             self.interval_seconds = float(interval)
+        pythons = answer.get("environments")
+        if isinstance(pythons, list):
+            self.environment_pythons = [p for p in pythons[:1000] if isinstance(p, str)]
         workloads.converge(answer["desired_workloads"])
         return self.interval_seconds
 

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from agents.environments import home_prefix_error
 from agents.gpuplan import Allocation
 
 SESSION_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -32,6 +33,7 @@ class Environment:
     name: str
     python: str | None = None
     image: str | None = None
+    home_prefix: str | None = None  # a user's own environment: a prefix in their home (agents/environments)
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,8 @@ class WorkloadSpec:
         """The spec as the portal sends it: a one-device allocation without ``device_uuids`` (so its
         fingerprint is the one agents before multi-GPU sessions recorded)."""
         data = asdict(self)
+        if data["environment"]["home_prefix"] is None:  # sent only for a user's own environment
+            del data["environment"]["home_prefix"]
         allocation = data["allocation"]
         if allocation is not None:
             uuids = allocation.pop("device_uuids")
@@ -127,7 +131,8 @@ def _parse_environment(body: Mapping, errors: dict[str, str]) -> Environment | N
     if not isinstance(env, dict):
         errors["environment"] = "must be an object"
         return None
-    _check_keys(env, "environment.", ("name", "python", "image"), errors)
+    named = {k: v for k, v in env.items() if k != "home_prefix"}  # optional: a user's own environment
+    _check_keys(named, "environment.", ("name", "python", "image"), errors)
     if "name" in env and (not isinstance(env["name"], str) or not env["name"]):
         errors["environment.name"] = "must be a non-empty string"
     for key in ("python", "image"):
@@ -135,9 +140,12 @@ def _parse_environment(body: Mapping, errors: dict[str, str]) -> Environment | N
             errors[f"environment.{key}"] = "must be a non-empty string or null"
     if env.get("python") is not None and isinstance(env["python"], str) and not env["python"].startswith("/"):
         errors["environment.python"] = "must be an absolute path or null"
+    home_prefix = env.get("home_prefix")
+    if home_prefix is not None and (why := home_prefix_error(home_prefix)):
+        errors["environment.home_prefix"] = why
     if any(k.startswith("environment.") for k in errors):
         return None
-    return Environment(env["name"], env["python"], env["image"])
+    return Environment(env["name"], env["python"], env["image"], home_prefix)
 
 
 def _parse_allocation(body: Mapping, errors: dict[str, str]) -> Allocation | None:

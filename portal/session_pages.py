@@ -24,6 +24,7 @@ from django.views.decorators.http import require_POST
 
 from billing import selectors as billing_selectors
 from billing.models import Account, Entry, LedgerAccount
+from billing.services.pricing import PriceQuote, quote_with_surcharge
 from core.errors import ApplicationError, NotFound, ValidationFailed
 from portal.selectors import accounts_payable_by
 from portal.shortcuts import account_or_404
@@ -31,6 +32,7 @@ from provisioner import selectors as prov_selectors
 from provisioner.budgets import Budget, budgets_of
 from provisioner.messages import message
 from provisioner.models import Device, Node, Session
+from provisioner.services.environments import OWN_PREFIX
 from provisioner.services.keepalive import session_keep_alive
 from provisioner.services.sessions import session_launch, session_stop
 from provisioner.session_view import Limits, SessionView, session_view, session_views
@@ -55,6 +57,7 @@ class LaunchQuote:
     queue_ahead: int  # sessions already waiting for this GPU model
     budgets: tuple[BudgetLeft, ...] = ()  # the monthly budgets this session would count against
     interruptible: Rate | None = None  # the lower price an on-demand launch may preempt; None: not offered
+    surcharge_micros_per_hour: int = 0  # the environment's price tier, included in the prices above
 
 
 @dataclass(frozen=True)
@@ -98,16 +101,26 @@ def _offer(catalog: dict, *, gpu_model: str, profile: str) -> dict | None:
     return next((p for p in model["profiles"] if p["profile"] == profile), None) if model else None
 
 
+def _with_surcharge(price: dict, surcharge_micros_per_hour: int) -> Rate:
+    """A catalog price with an environment's tier added, as the launch prices it (billing's rule)."""
+    quote = quote_with_surcharge(
+        PriceQuote(0, price["price_micros_per_hour"], price["card_burn_micros_per_hour"]),
+        surcharge_micros_per_hour=surcharge_micros_per_hour,
+    )
+    return Rate(quote.price_micros_per_hour, quote.card_burn_micros_per_hour)
+
+
 def launch_quote(
-    *, user, account: Account, catalog: dict, gpu_model: str, profile: str
+    *, user, account: Account, catalog: dict, gpu_model: str, profile: str, surcharge_micros_per_hour: int = 0
 ) -> LaunchQuote | None:
-    """The price, card burn, runway and whether it starts now; None when that choice has no price.
-    Prices and what is free come from the (cached) catalog; the funds, queue and budgets are the user's."""
+    """The price (with the environment's surcharge), card burn, runway and whether it starts now; None
+    when that choice has no price. Prices and what is free come from the (cached) catalog; the funds,
+    queue and budgets are the user's."""
     offer = _offer(catalog, gpu_model=gpu_model, profile=profile)
     if offer is None or offer["price"] is None:
         return None
     price = offer["price"]
-    quote = Rate(price["price_micros_per_hour"], price["card_burn_micros_per_hour"])
+    quote = _with_surcharge(price, surcharge_micros_per_hour)
     funds = billing_selectors.account_funds(account=account, gpu_model=gpu_model or None)
     seconds = 0.0
     if quote.card_burn_micros_per_hour and funds.cards_micros > 0:
@@ -128,13 +141,39 @@ def launch_quote(
         available_now=offer["available"] if not ahead else 0,
         queue_ahead=ahead,
         budgets=_budgets_left(user=user, account=account, quote=quote),
-        interruptible=Rate(lower["price_micros_per_hour"], lower["card_burn_micros_per_hour"])
-        if lower
-        else None,
+        interruptible=_with_surcharge(lower, surcharge_micros_per_hour) if lower else None,
+        surcharge_micros_per_hour=surcharge_micros_per_hour,
     )
 
 
-def _launch_choice(request: HttpRequest, catalog: dict) -> dict:
+def launch_environments(*, user, catalog: dict) -> list[dict]:
+    """What the launch page offers: the published environments some node has (the catalog's), then the
+    user's own venvs whose base is one of them (``mine:<name>``), each with its hourly surcharge."""
+    published = {e["name"]: e for e in catalog["environments"]}
+    offered = [
+        {
+            "value": e["name"],
+            "name": e["name"],
+            "own": None,
+            "surcharge_micros_per_hour": e["surcharge_micros_per_hour"],
+        }
+        for e in published.values()
+    ]
+    for env in prov_selectors.environments_own(user=user):
+        base = published.get(env.base.name)
+        if base is not None:
+            offered.append(
+                {
+                    "value": f"{OWN_PREFIX}{env.name}",
+                    "name": env.name,
+                    "own": {"home_path": env.home_path, "base": env.base.name},
+                    "surcharge_micros_per_hour": base["surcharge_micros_per_hour"],
+                }
+            )
+    return offered
+
+
+def _launch_choice(request: HttpRequest, catalog: dict, environments: list[dict]) -> dict:
     """The model/profile/environment picked in the form, defaulting to the first offered."""
     data = request.POST if request.method == "POST" else request.GET
     models = {m["name"]: m for m in catalog["gpu_models"]}
@@ -144,15 +183,19 @@ def _launch_choice(request: HttpRequest, catalog: dict) -> dict:
     if catalog["cpu"]:
         offered.append("cpu")
     profile = data.get("profile") if data.get("profile") in offered else (offered[0] if offered else "")
-    environments = [e["name"] for e in catalog["environments"]]
-    environment = data.get("environment") if data.get("environment") in environments else ""
+    by_value = {e["value"]: e for e in environments}
+    asked = data.get("environment") or ""
+    picked = by_value.get(asked) or (environments[0] if environments else None)
+    # A launch names what was asked, offered or not (the service says why not); a look picks one offered.
+    launched = asked if request.method == "POST" and asked else None
     return {
         "gpu_model": gpu_model,
         "profile": profile,
         "offered": offered,
         "options": [(name, gpu_counts.get(name, 1)) for name in offered],  # (profile, whole GPUs it takes)
         "gpu_count": gpu_counts.get(profile, 1),
-        "environment": environment or (environments[0] if environments else ""),
+        "environment": launched or (picked["value"] if picked else ""),
+        "surcharge_micros_per_hour": picked["surcharge_micros_per_hour"] if picked else 0,
         "max_hours": data.get("max_hours", ""),
         "idle_minutes": data.get("idle_minutes", ""),
         "tier": "interruptible" if data.get("tier") == "interruptible" else "on_demand",
@@ -174,7 +217,8 @@ def _number(text: str, *, field: str) -> float | None:
 def launch(request: HttpRequest) -> HttpResponse:
     account = account_or_404(request)
     catalog = prov_selectors.catalog()
-    choice = _launch_choice(request, catalog)
+    environments = launch_environments(user=request.user, catalog=catalog)
+    choice = _launch_choice(request, catalog, environments)
     if request.method == "POST":
         try:
             max_hours = _number(choice["max_hours"], field=_("Longest duration"))
@@ -203,11 +247,13 @@ def launch(request: HttpRequest) -> HttpResponse:
             catalog=catalog,
             gpu_model="" if choice["profile"] == "cpu" else choice["gpu_model"],
             profile=choice["profile"],
+            surcharge_micros_per_hour=choice["surcharge_micros_per_hour"],
         )
     context = {
         "account": account,
         "accounts": accounts_payable_by(user=request.user),
         "catalog": catalog,
+        "environments": environments,
         "choice": choice,
         "quote": quote,
         "new_key": uuid.uuid4().hex,

@@ -3,7 +3,17 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from portal import api, file_pages, files_api, metrics, pages, report_pages, session_pages, views
+from portal import (
+    api,
+    environment_pages,
+    file_pages,
+    files_api,
+    metrics,
+    pages,
+    report_pages,
+    session_pages,
+    views,
+)
 
 urlpatterns = [
     path("", views.home, name="home"),
@@ -39,6 +49,12 @@ urlpatterns = [
     path("files/", file_pages.files, name="files"),
     path("files/delete", file_pages.files_delete, name="files_delete"),
     path("launch/", session_pages.launch, name="launch"),
+    path("environments/", environment_pages.environments, name="environments"),
+    path(
+        "environments/<int:environment_id>/remove",
+        environment_pages.environment_remove_view,
+        name="environment_remove",
+    ),
     path("sessions/", session_pages.session_list, name="session_list"),
     path("sessions/<uuid:session_id>/", session_pages.session_detail, name="session_detail"),
     path("sessions/<uuid:session_id>/live", session_pages.session_live, name="session_live"),

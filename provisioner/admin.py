@@ -26,6 +26,7 @@ from provisioner.models import (
     SessionEvent,
 )
 from provisioner.quotas import LIMIT_FIELDS, quota_set
+from provisioner.services.environments import environment_publish
 from provisioner.services.nodes import device_force_free, device_set_sharing_policy, node_set_state
 from provisioner.services.sessions import session_stop
 
@@ -53,9 +54,35 @@ class ProfileAdmin(admin.ModelAdmin):
 
 @admin.register(Environment)
 class EnvironmentAdmin(admin.ModelAdmin):
-    list_display = ("name", "python", "image", "cpu_cores", "memory_mib", "enabled")
-    list_filter = ("enabled",)
-    search_fields = ("name", "python", "image")
+    """Publishing goes through ``environment_publish`` (its price tier is audited); users' own
+    environments are shown, not edited."""
+
+    list_display = ("name", "python", "image", "surcharge_micros_per_hour", "owner", "home_path", "enabled")
+    list_filter = ("enabled", ("owner", admin.EmptyFieldListFilter))
+    search_fields = ("name", "python", "image", "owner__username")
+    fields = ("name", "python", "image", "surcharge_micros_per_hour", "cpu_cores", "memory_mib", "enabled")
+
+    def get_readonly_fields(self, request, obj=None):
+        if obj is not None and obj.owner_id:
+            return (*self.fields, "owner", "base", "home_path")
+        return ("name",) if obj is not None else ()
+
+    def has_change_permission(self, request, obj=None):
+        return super().has_change_permission(request, obj) and not (obj is not None and obj.owner_id)
+
+    def save_model(self, request, obj, form, change):
+        saved = environment_publish(
+            name=obj.name,
+            python=obj.python,
+            image=obj.image,
+            surcharge_micros_per_hour=obj.surcharge_micros_per_hour,
+            cpu_cores=obj.cpu_cores,
+            memory_mib=obj.memory_mib,
+            enabled=obj.enabled,
+            actor=request.user,
+            reason="admin site",
+        )
+        obj.pk = saved.pk
 
 
 class DeviceInline(admin.TabularInline):

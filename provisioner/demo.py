@@ -95,7 +95,7 @@ def seed(*, data_dir: Path | str) -> dict:
     done: dict = {"gpu_models": [], "prices": [], "nodes": {}}
     done["gpu_models"] = seed_hardware()
     Environment.objects.update_or_create(
-        name=ENVIRONMENT, defaults={"python": sys.executable, "image": "", "enabled": True}
+        name=ENVIRONMENT, owner=None, defaults={"python": sys.executable, "image": "", "enabled": True}
     )
     for gpu_model, profile, micros in [*PRICES, ("", "cpu", CPU_PRICE)]:
         if _current_price(gpu_model, profile) != micros:

@@ -115,6 +115,9 @@ TEMPLATES: dict[str, str] = {
     "start_timeout": gettext_noop("Jupyter did not start within %(seconds)s s"),
     "node_refused": gettext_noop("The node refused the workload (%(code)s): %(why)s"),
     "could_not_start": gettext_noop("Jupyter could not start: %(why)s"),
+    "environment_unavailable": gettext_noop(
+        "The environment %(environment)s is not available on %(node)s: %(why)s"
+    ),
     "home_removal": gettext_noop(
         "Your home folder will be removed on %(date)s UTC: you have launched no session for a long time "
         "(homes unused for %(days)s days are removed). Launch a session before then to keep it."

@@ -79,17 +79,64 @@ class Profile(models.Model):
 
 
 class Environment(models.Model):
-    """A software stack: a Python for the process runtime, an image for docker."""
+    """A software stack (docs/ENVIRONMENTS.md). Published by an admin (no ``owner``): a Python prefix for
+    the process runtime (``python``, its interpreter) or an image for docker, with a price tier
+    (``surcharge_micros_per_hour``, added to the hourly price of every session that runs it). A user's
+    own (``owner``): a virtualenv or conda prefix in their home (``home_path``, relative to it), run on
+    the published environment it was made from (``base``), at that one's price."""
 
-    name = models.CharField(max_length=64, unique=True)
+    name = models.CharField(max_length=64)
     python = models.CharField(max_length=300, blank=True, help_text="Absolute path (process runtime).")
     image = models.CharField(max_length=300, blank=True, help_text="Container image (docker runtime).")
     cpu_cores = models.FloatField(default=2.0)
     memory_mib = models.PositiveIntegerField(default=8192)
-    enabled = models.BooleanField(default=True)
+    enabled = models.BooleanField(default=True, help_text="Published: offered on the launch page.")
+    surcharge_micros_per_hour = models.PositiveBigIntegerField(
+        default=0, help_text="Price tier: micro-units per hour added to the session's price."
+    )
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="environments",
+        help_text="A user's own environment; empty for a published one.",
+    )
+    base = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="+",
+        help_text="A user's own: the published environment its prefix was made from.",
+    )  # fmt: skip
+    home_path = models.CharField(
+        max_length=200, blank=True, help_text="A user's own: the prefix in the home."
+    )
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["name"], condition=Q(owner__isnull=True), name="environment_published_name_unique"
+            ),
+            models.UniqueConstraint(
+                fields=["owner", "name"], condition=Q(owner__isnull=False), name="environment_own_name_unique"
+            ),
+            models.CheckConstraint(
+                condition=(Q(owner__isnull=True) & Q(base__isnull=True) & Q(home_path=""))
+                | (
+                    Q(owner__isnull=False)
+                    & Q(base__isnull=False)
+                    & ~Q(home_path="")
+                    & Q(surcharge_micros_per_hour=0)
+                ),
+                name="environment_published_or_own",
+            ),
+        ]
 
     def __str__(self) -> str:
-        return self.name
+        return f"{self.name} ({self.owner})" if self.owner_id else self.name
+
+    @property
+    def runs_on(self) -> Environment:
+        """The published environment this one runs on: itself, or a user's own environment's base."""
+        return self.base if self.base_id else self
 
 
 class Node(models.Model):
@@ -114,6 +161,9 @@ class Node(models.Model):
     cuda_version = models.CharField(max_length=32, blank=True)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # The published interpreters the agent has (its last heartbeat's capabilities.environments); None
+    # until it reports them (an agent before environments: taken to have them all, as before).
+    environments = models.JSONField(null=True, blank=True, default=None)
 
     class Meta:
         indexes = [models.Index(fields=["state", "last_heartbeat_at"])]

@@ -672,9 +672,9 @@ def reserve_node_pick(*, gpu_model, gpu_count: int, taken=()) -> int | None:
     )
 
 
-def cpu_node_pick(*, preferred_nodes=()):
+def cpu_node_pick(*, preferred_nodes=(), excluded_nodes=()):
     """A cpu session goes to the active node running the fewest sessions, one of ``preferred_nodes``
-    (where the user's home is) first."""
+    (where the user's home is) first, none of ``excluded_nodes`` (those without its environment)."""
     from django.db.models import Case, Count, Q, Value, When
 
     from provisioner.models import Node, Session
@@ -684,6 +684,7 @@ def cpu_node_pick(*, preferred_nodes=()):
         home = Case(When(id__in=list(preferred_nodes), then=Value(True)), default=home)
     return (
         Node.objects.filter(state=Node.State.ACTIVE)
+        .exclude(id__in=list(excluded_nodes))
         .annotate(live=Count("sessions", filter=Q(sessions__state__in=Session.ON_NODE)), home=home)
         .order_by("-home", "live", "id")
         .first()

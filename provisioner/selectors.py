@@ -53,6 +53,10 @@ def workload_spec(session: Session) -> dict:
     """The workload spec of docs/AGENT_PROTOCOL.md for one placed session (a multi-GPU one lists every
     GPU in ``device_uuids``)."""
     env = session.environment
+    runs_on = env.runs_on
+    environment = {"name": env.name, "python": runs_on.python or None, "image": runs_on.image or None}
+    if env.home_path:  # a user's own: its prefix in the home, run on the published one it came from
+        environment["home_prefix"] = env.home_path
     allocation = None
     if session.device_id is not None:
         allocation = {
@@ -70,7 +74,7 @@ def workload_spec(session: Session) -> dict:
         "user": workload_user(session.owner),
         "token": unseal(session.jupyter_token_sealed),
         "base_url": session.base_url,
-        "environment": {"name": env.name, "python": env.python or None, "image": env.image or None},
+        "environment": environment,
         "allocation": allocation,
         "limits": {"cpu_cores": float(env.cpu_cores), "memory_mib": int(env.memory_mib)},
     }
@@ -80,7 +84,7 @@ def desired_workloads(*, node: Node) -> list[dict]:
     """What the node's agent should run: its sessions in placing, starting or running."""
     sessions = (
         Session.objects.filter(node=node, state__in=Session.ON_NODE)
-        .select_related("environment", "owner", "device", "profile")
+        .select_related("environment__base", "owner", "device", "profile")
         .prefetch_related("devices")
         .order_by("created_at")
     )
@@ -435,12 +439,46 @@ def catalog_build() -> dict:
             {"name": p.name, "kind": p.kind, "eighths": p.eighths, "gpu_count": p.gpu_count}
             for p in sorted(profiles.values(), key=lambda p: (p.kind, p.name))
         ],
+        # what some active node can run (docs/ENVIRONMENTS.md), with its price tier
         "environments": [
-            {"name": e.name, "runtime": "docker" if e.image and not e.python else "process"}
-            for e in Environment.objects.filter(enabled=True).order_by("name")
+            {
+                "name": e.name,
+                "runtime": "docker" if e.image and not e.python else "process",
+                "surcharge_micros_per_hour": e.surcharge_micros_per_hour,
+            }
+            for e in Environment.objects.filter(
+                environments_served_q(), enabled=True, owner__isnull=True
+            ).order_by("name")
         ],
         "as_of": timezone.now().isoformat(),
     }
+
+
+def environments_served_q() -> Q:
+    """The published environments some active node can run (or that need no interpreter)."""
+    pythons: set[str] = set()
+    for served in Node.objects.filter(state=Node.State.ACTIVE).values_list("environments", flat=True):
+        if served is None:  # an agent that does not report them is taken to have them all
+            return Q()
+        pythons.update(served)
+    return Q(python="") | Q(python__in=sorted(pythons))
+
+
+def published_pythons() -> list[str]:
+    """The interpreters of the published environments: each heartbeat's answer names them, and the
+    agent says which it has."""
+    return sorted(
+        set(
+            Environment.objects.filter(owner__isnull=True, enabled=True)
+            .exclude(python="")
+            .values_list("python", flat=True)
+        )
+    )
+
+
+def environments_own(*, user) -> list[Environment]:
+    """The user's own environments (their venvs), with the published one each runs on."""
+    return list(Environment.objects.filter(owner=user, enabled=True).select_related("base").order_by("name"))
 
 
 def quota_usage(*, user) -> dict:

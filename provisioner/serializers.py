@@ -17,7 +17,9 @@ from provisioner.selectors import slot_map
 class LaunchIn(serializers.Serializer):
     gpu_model = serializers.CharField(max_length=64, required=False, allow_blank=True, default="")
     profile = serializers.CharField(max_length=32)
-    environment = serializers.CharField(max_length=64)
+    environment = serializers.CharField(
+        max_length=70, help_text='A published environment\'s name, or "mine:<name>" for one of your own.'
+    )
     max_hours = serializers.FloatField(required=False, allow_null=True, min_value=0.001, max_value=24 * 366)
     idle_minutes = serializers.IntegerField(
         required=False, allow_null=True, min_value=1, max_value=60 * 24 * 31
@@ -312,6 +314,11 @@ class NodeOut(serializers.Serializer):
     last_heartbeat_at = UtcDateTimeField(allow_null=True)
     agent_version = serializers.CharField()
     runtime = serializers.CharField()
+    environments = serializers.ListField(
+        child=serializers.CharField(),
+        allow_null=True,
+        help_text="The published interpreters it has; null: not reported.",
+    )
     devices = NodeDeviceOut(source="devices.all", many=True)
 
 
@@ -334,3 +341,4 @@ class QuotaOut(serializers.Serializer):
 class HeartbeatOut(serializers.Serializer):  # renders a services.heartbeats.HeartbeatAnswer
     desired_workloads = serializers.ListField(child=serializers.DictField())
     heartbeat_interval_seconds = serializers.IntegerField()
+    environments = serializers.ListField(child=serializers.CharField())

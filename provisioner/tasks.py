@@ -37,7 +37,7 @@ def _backoff(retries: int) -> float:
 
 def _session(session_id: str) -> Session | None:
     return (
-        Session.objects.select_related("node", "device", "environment", "owner", "profile")
+        Session.objects.select_related("node", "device", "environment__base", "owner", "profile")
         .filter(id=session_id)
         .first()
     )
@@ -74,7 +74,16 @@ def session_start_task(self, session_id: str) -> str:
     try:
         agent_client.workload_put(session.node, workload_spec(session))
     except agent_client.AgentRefusal as exc:
-        _fail_start(session, message("node_refused", code=exc.code, why=exc.message))
+        if exc.code == "environment_unavailable":  # the user's to mend (their venv) or an operator's
+            why = message(
+                "environment_unavailable",
+                environment=session.environment.name,
+                node=session.node.name,
+                why=exc.message,
+            )
+        else:
+            why = message("node_refused", code=exc.code, why=exc.message)
+        _fail_start(session, why)
         return "refused"
     except agent_client.AgentUnreachable as exc:
         log.warning("start %s: %s", session_id, exc)

@@ -64,7 +64,7 @@ def labextensions_option(folder: str) -> str:
 
 class RuntimeStartError(Exception):
     """A workload this runtime refuses or cannot start; the message says why and ``code`` names the
-    refusal for the API (docs/AGENT_PROTOCOL.md): ``environment_unusable`` (the spec's environment:
+    refusal for the API (docs/AGENT_PROTOCOL.md): ``environment_unavailable`` (the spec's environment:
     no such interpreter or image), ``sandbox_unavailable``, ``runtime_unavailable`` (the node cannot
     run workloads now: no sandbox, no engine) or ``runtime_refused`` (the engine said no)."""
 

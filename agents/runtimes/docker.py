@@ -168,6 +168,11 @@ class DockerRuntime(Runtime):
         return self._client
 
     def start(self, spec: WorkloadSpec, plan: GpuPlan) -> DockerHandle:
+        if spec.environment.home_prefix is not None:  # a user's saved image (a commit) is not built yet
+            raise RuntimeStartError(
+                "environment.home_prefix: users' own environments run on the process runtime only",
+                code="environment_unavailable",
+            )
         client = self.client()
         private = Path(self.options.state_dir) / "run" / spec.session_id / "private"
         if private.parent.exists():
@@ -193,7 +198,7 @@ class DockerRuntime(Runtime):
         try:
             container = client.containers.run(**kwargs)
         except docker.errors.ImageNotFound as exc:
-            raise RuntimeStartError(f"no image {kwargs['image']}: {exc}", code="environment_unusable")
+            raise RuntimeStartError(f"no image {kwargs['image']}: {exc}", code="environment_unavailable")
         except docker.errors.DockerException as exc:
             raise RuntimeStartError(f"docker could not start the container: {exc}")
         return DockerHandle(

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agents import egress, sandbox
+from agents import egress, environments, sandbox
 from agents.gpuplan import VGPU_LIB_TARGET, GpuPlan, enforcement
 from agents.runtimes import launcher
 from agents.runtimes.base import (
@@ -59,6 +59,7 @@ CONFIG_NAME = "jupyter_server_config.json"  # in the private folder: the Jupyter
 EXIT_NAME = "exit.json"  # in the run folder: the launcher's record of how the workload ended
 LOG_NAME = "workload.log"
 SANDBOX_SOCK_DIR = "/run/jupyter"
+SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
 def free_port() -> int:
@@ -163,18 +164,34 @@ class ProcessRuntime(Runtime):
 
     def start(self, spec: WorkloadSpec, plan: GpuPlan) -> ProcessHandle:
         mode = self.sandbox_in_use()
-        python = spec.environment.python or sys.executable
-        if not os.access(python, os.X_OK):  # refused before anything is made for it
+        python = spec.environment.python
+        if python and not environments.usable(python):  # refused before anything is made for it
             raise RuntimeStartError(
-                f"environment.python {python} is not an executable", code="environment_unusable"
+                f"environment {spec.environment.name}: {python} is not an executable on this node",
+                code=environments.UNAVAILABLE,
             )
         uid = self.uids.for_user(spec.user) if mode == "bwrap" and os.geteuid() == 0 else None
         home, private = self._folders(spec, uid)
         inside = sandbox.PRIVATE_DIR if mode == "bwrap" else str(private)
+        home_seen = sandbox.home_in_sandbox(spec.user) if mode == "bwrap" else str(home)
+        try:
+            runs = environments.layout(
+                name=spec.environment.name,
+                python=python,
+                home_prefix=spec.environment.home_prefix,
+                home=home,
+                home_seen=home_seen,
+                path=SYSTEM_PATH,
+            )
+        except environments.EnvironmentUnavailable as exc:
+            shutil.rmtree(private.parent, ignore_errors=True)
+            raise RuntimeStartError(f"environment {spec.environment.name}: {exc}", code=exc.code) from None
+        python = runs.server_python
+        if runs.kernel_spec is not None:
+            environments.kernel_spec_write(private, runs.kernel_spec)
         # sun_path holds 108 bytes: inside the sandbox the socket has a short fixed path; without one a
         # path too long is bound through a short link to its folder.
         sock = f"{inside}/{SOCK_NAME}" if mode == "bwrap" else short_socket_path(private)
-        home_seen = sandbox.home_in_sandbox(spec.user) if mode == "bwrap" else str(home)
         command = jupyter_command(
             python,
             sock=sock,
@@ -185,12 +202,13 @@ class ProcessRuntime(Runtime):
             labextensions=LABEXTENSIONS_IN_WORKLOAD if mode == "bwrap" else str(LABEXTENSIONS_DIR),
         )
         env = {
-            "PATH": f"{Path(python).parent}:/usr/local/bin:/usr/bin:/bin",
+            "PATH": f"{Path(python).parent}:{SYSTEM_PATH}",
             "HOME": home_seen,
             "USER": spec.user,
             "LANG": "C.UTF-8",
             "PYTHONUNBUFFERED": "1",
             "JUPYTER_RUNTIME_DIR": f"{inside}/runtime",
+            **({"JUPYTER_PATH": f"{inside}/{environments.JUPYTER_DIR}"} if runs.kernel_spec else {}),
             **plan.env,
         }
         sources = {m.target: m.source for m in plan.mounts}
@@ -205,7 +223,7 @@ class ProcessRuntime(Runtime):
             env |= egress.proxy_env()
         if mode == "bwrap":
             command = self._sandboxed(
-                command, spec, plan, python, uid=uid, home=home, private=private, preload_file=preload_file
+                command, spec, plan, runs.kept, uid=uid, home=home, private=private, preload_file=preload_file
             )
         limits = self._limits(spec)
         run_dir = private.parent
@@ -253,7 +271,7 @@ class ProcessRuntime(Runtime):
         command: list[str],
         spec: WorkloadSpec,
         plan: GpuPlan,
-        python: str,
+        environment_folders: tuple[str, ...],
         *,
         uid: int | None,
         home: Path,
@@ -268,12 +286,8 @@ class ProcessRuntime(Runtime):
             private=private,
             # other users' homes: under the state dir, or every home of a shared root but this one
             hidden=[str(self.options.state_dir), str(self.options.homes), *self.options.sandbox_hide],
-            # the environment, and the interpreter a virtualenv links to (pyenv's lives under /root)
-            kept=[
-                str(Path(python).parent.parent),
-                str(Path(os.path.realpath(python)).parent.parent),
-                *(m.source for m in plan.mounts if m.read_only),
-            ],
+            # the environments' prefixes, and the interpreters they link to (agents/environments.py)
+            kept=[*environment_folders, *(m.source for m in plan.mounts if m.read_only)],
             writable=[m.source for m in plan.mounts if not m.read_only],
             device_dir=self.options.device_dir,
             device_nodes=plan.device_nodes,

@@ -5,6 +5,10 @@ profile ``Ng.XXgb`` is N/7 of the card), and burns cards by the same fraction; `
 many whole cards of one node) cost and burn that many times the whole card. Prices are versioned by
 ``effective_from``; a session keeps the quote it launched with (stored on its meter).
 
+An environment's price tier (docs/ENVIRONMENTS.md) is an hourly surcharge in micro-units added to the
+quote (``quote_with_surcharge``): the money rate grows by exactly the surcharge, and the card burn by the
+same proportion of the base rate, rounded down to a whole micro-unit.
+
 Two tiers: ``on_demand`` and ``interruptible`` (a lower price an admin sets beside the on-demand one;
 an on-demand launch may preempt such a session). The interruptible tier burns cards scaled by the same
 ratio as its price; a price row without an interruptible price does not offer that tier.
@@ -78,6 +82,20 @@ def _tier_quote(price: Price, *, tier: str, fraction: Fraction, burn: Fraction) 
         raise NotFound(_("This choice is not offered as interruptible."))
     scale = Fraction(lower, on_demand) if on_demand else Fraction(1)
     return PriceQuote(price.id, int(lower * fraction), int(burn * scale))
+
+
+def quote_with_surcharge(quote: PriceQuote, *, surcharge_micros_per_hour: int) -> PriceQuote:
+    """``quote`` with an environment's hourly surcharge: the price plus the surcharge, exactly; the card
+    burn scaled by (price + surcharge) / price, rounded down (a free base price burns cards unchanged:
+    there is no proportion to scale by). The price row stays the base one."""
+    if surcharge_micros_per_hour < 0:
+        raise ValidationFailed(_("A surcharge cannot be negative."))
+    if not surcharge_micros_per_hour:
+        return quote
+    base = quote.price_micros_per_hour
+    burn = quote.card_burn_micros_per_hour
+    extra_burn = burn * surcharge_micros_per_hour // base if base else 0
+    return PriceQuote(quote.price_id, base + surcharge_micros_per_hour, burn + extra_burn)
 
 
 def price_quote(

@@ -35,8 +35,9 @@ from provisioner.models import (
     Session,
     StopWarning,
 )
-from provisioner.selectors import desired_workloads, workload_user
+from provisioner.selectors import desired_workloads, published_pythons, workload_user
 from provisioner.services import sessions as lifecycle
+from provisioner.services.environments import node_environments_record
 
 S = Session.State
 WORKLOAD_STATES = ("starting", "running", "exited", "failed")
@@ -261,6 +262,9 @@ def _capabilities_errors(capabilities) -> dict[str, str]:
     policies = capabilities.get("sharing_policies", []) if isinstance(capabilities, dict) else None
     if not isinstance(policies, list) or not all(isinstance(p, str) for p in policies):
         return {"capabilities": "must be an object whose sharing_policies is a list of strings"}
+    pythons = capabilities.get("environments", [])
+    if not isinstance(pythons, list) or not all(isinstance(p, str) for p in pythons):
+        return {"capabilities.environments": "must be a list of strings"}
     return {}
 
 
@@ -315,6 +319,7 @@ class HeartbeatAnswer:
 
     desired_workloads: list[dict]
     heartbeat_interval_seconds: int
+    environments: list[str]  # the published interpreters, for the agent to say which it has
 
 
 def _new_device_policy(node: Node, served: list[str] | None) -> str:
@@ -668,8 +673,9 @@ def heartbeat_record(*, node: Node, body) -> HeartbeatAnswer:
     that no reported device UUID belongs to another node (Conflict, nothing written), upserts devices,
     records metrics (keeping the last DEVICE_SAMPLES_KEPT per device), applies workload states to
     sessions (conditional transitions, meters alive/open/close), stores the homes' measured usage (the
-    newest measurement of each wins; garbage entries dropped), and marks the node seen (a node that
-    was down comes back to the state it had). Safe to repeat.
+    newest measurement of each wins; garbage entries dropped), the published interpreters the agent has
+    (``capabilities.environments``; the answer names them all, for the agent to check), and marks the
+    node seen (a node that was down comes back to the state it had). Safe to repeat.
     """
     body = heartbeat_validate(body)
     with transaction.atomic():
@@ -686,13 +692,19 @@ def heartbeat_record(*, node: Node, body) -> HeartbeatAnswer:
         node.driver_version = str(body["inventory"].get("driver_version") or "")[:32]
         node.cuda_version = str(body["inventory"].get("cuda_version") or "")[:32]
         fields = ["last_heartbeat_at", "agent_version", "runtime", "driver_version", "cuda_version"]
+        served = node_environments_record(
+            node=node, reported=(body.get("capabilities") or {}).get("environments")
+        )
+        if served is not None:
+            node.environments = served
+            fields.append("environments")
         if node.state == Node.State.DOWN:
             node.state = node.state_before_down or Node.State.ACTIVE
             node.state_before_down = ""
             fields += ["state", "state_before_down"]  # the catalog is told by the save (provisioner.apps)
         node.save(update_fields=fields)  # what the beat says, nothing an admin edited meanwhile
         desired = desired_workloads(node=node)
-    return HeartbeatAnswer(desired, settings.AGENT_HEARTBEAT_INTERVAL_SECONDS)
+    return HeartbeatAnswer(desired, settings.AGENT_HEARTBEAT_INTERVAL_SECONDS, published_pythons())
 
 
 def nodes_liveness_sweep(*, now: datetime | None = None) -> list[str]:

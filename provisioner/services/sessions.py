@@ -31,7 +31,7 @@ from billing.models import Account
 from billing.rules import accounts_payable_by
 from billing.services.ledger import idempotency_key_check
 from billing.services.metering import account_can_launch, meter_close, meter_open
-from billing.services.pricing import ON_DEMAND, PriceQuote, price_quote
+from billing.services.pricing import ON_DEMAND, PriceQuote, price_quote, quote_with_surcharge
 from core.errors import ApplicationError, NotFound, RateLimited, ValidationFailed
 from core.throttle import attempt_count
 from provisioner import enqueue
@@ -58,6 +58,7 @@ from provisioner.placement import (
 from provisioner.quotas import quota_admit, quota_subjects
 from provisioner.sealing import new_token, seal
 from provisioner.selectors import home_nodes, queue_order, queue_served
+from provisioner.services.environments import environment_for_launch, environment_on_some_node, nodes_lacking
 from provisioner.services.events import event_fields, session_event
 from provisioner.services.home_retention import home_removals_cancel
 from provisioner.services.preemption import (
@@ -124,18 +125,19 @@ def _admission_lock(*, account_id: int, user_id: int) -> None:
 
 
 def _catalog(
-    *, gpu_model: str, profile: str, environment: str
+    *, user, gpu_model: str, profile: str, environment: str
 ) -> tuple[GpuModel | None, Profile, Environment]:
     profile_obj = Profile.objects.filter(name=profile).first()
     if profile_obj is None:
         raise ValidationFailed(
             _("Unknown profile %(profile)s.") % {"profile": repr(profile)}, fields={"profile": "unknown"}
         )
-    env = Environment.objects.filter(name=environment, enabled=True).first()
-    if env is None:
+    env = environment_for_launch(user=user, environment=environment)
+    if not environment_on_some_node(env):
         raise ValidationFailed(
-            _("Unknown environment %(environment)s.") % {"environment": repr(environment)},
-            fields={"environment": "unknown"},
+            _("No node has the environment %(environment)s installed yet.") % {"environment": env.name},
+            code="environment_unavailable",
+            fields={"environment": "on no node"},
         )
     if profile_obj.kind == Profile.Kind.CPU:
         return None, profile_obj, env
@@ -263,7 +265,12 @@ def session_launch(
         # Placed before the session row is written (its foreign keys are checked at commit), so a
         # launch that finds room writes the session once, already placing.
         placed = _placement(
-            session_id, user_id=user.pk, model=spec.model, profile=spec.profile, candidates=candidates
+            session_id,
+            user_id=user.pk,
+            model=spec.model,
+            profile=spec.profile,
+            environment=spec.environment,
+            candidates=candidates,
         )
         session = _launched_session_create(
             session_id,
@@ -328,7 +335,9 @@ def _launch_spec(
     tier: str = ON_DEMAND,
 ) -> _LaunchSpec:
     """Check a launch's choices, its payer and its limits, and price it in its tier. Reads only."""
-    model, profile_obj, env = _catalog(gpu_model=gpu_model, profile=profile, environment=environment)
+    model, profile_obj, env = _catalog(
+        user=user, gpu_model=gpu_model, profile=profile, environment=environment
+    )
     if account.id not in {a.id for a in accounts_payable_by(user=user)}:
         raise NotFound(_("No such account."), fields={"account": "not one you may pay with"})
     max_seconds = _seconds(
@@ -357,6 +366,7 @@ def _launch_spec(
             % {"gpu_model": model_name or "cpu", "profile": profile},
             code="unpriced",
         )
+    quote = quote_with_surcharge(quote, surcharge_micros_per_hour=env.runs_on.surcharge_micros_per_hour)
     return _LaunchSpec(model, profile_obj, env, max_seconds, idle_seconds, quote, tier)
 
 
@@ -423,16 +433,23 @@ def _launched_session_create(
 
 
 def _placement(
-    session_id, *, user_id, model: GpuModel | None, profile: Profile, candidates=None
+    session_id,
+    *,
+    user_id,
+    model: GpuModel | None,
+    profile: Profile,
+    environment: Environment,
+    candidates=None,
 ) -> dict | None:
     """Take room for a session inside the caller's transaction, off the nodes that waiting multi-GPU
     sessions reserved for themselves, and where the user's home is when there is room there: the session
     fields that record where it runs, the reason to show and its devices when it has several
-    (``device_ids``), or None when nothing fits now. ``candidates``: a ``free_index`` read before the
-    transaction."""
+    (``device_ids``), or None when nothing fits now; only on a node that has ``environment``.
+    ``candidates``: a ``free_index`` read before the transaction."""
     home = home_nodes(user_id=user_id)
+    lacking = nodes_lacking(environment)
     if model is None:
-        node = cpu_node_pick(preferred_nodes=home)
+        node = cpu_node_pick(preferred_nodes=home, excluded_nodes=lacking)
         if node is None:
             return None
         reason = _placed_reason(node.id, node.name, home)
@@ -442,7 +459,7 @@ def _placement(
         gpu_model=model,
         profile=profile,
         index=candidates,
-        excluded_nodes=nodes_reserved(gpu_model=model, besides=session_id),
+        excluded_nodes=[*nodes_reserved(gpu_model=model, besides=session_id), *lacking],
         preferred_nodes=home,
     )
     if placed is None:
@@ -486,7 +503,12 @@ def _place(session: Session, *, model: GpuModel | None, profile: Profile) -> boo
     held_on = held_slots_take(claimer=session) if model is not None else None
     candidates = free_index(gpu_model=model, devices=Device.objects.filter(id=held_on)) if held_on else None
     placed = _placement(
-        session.id, user_id=session.owner_id, model=model, profile=profile, candidates=candidates
+        session.id,
+        user_id=session.owner_id,
+        model=model,
+        profile=profile,
+        environment=session.environment,
+        candidates=candidates,
     )
     if placed is None:
         return False
@@ -705,7 +727,11 @@ def queue_dispatch(*, now: datetime | None = None) -> int:
     were placed."""
     now = now or timezone.now()
     held_slots_free()  # slots preempted sessions hold for sessions that no longer wait
-    waiting = list(Session.objects.filter(state=S.QUEUED).select_related("gpu_model", "profile", "account"))
+    waiting = list(
+        Session.objects.filter(state=S.QUEUED).select_related(
+            "gpu_model", "profile", "account", "environment__base"
+        )
+    )
     for session in waiting:
         if session.queued_at and now - session.queued_at > timedelta(seconds=session.queue_max_wait_seconds):
             session_end(
@@ -780,7 +806,10 @@ def _queue_reserve(session: Session, *, now: datetime) -> None:
     node_id = reserve_node_pick(
         gpu_model=session.gpu_model,
         gpu_count=session.profile.gpu_count,
-        taken=nodes_reserved(gpu_model=session.gpu_model, besides=session.id),
+        taken=[
+            *nodes_reserved(gpu_model=session.gpu_model, besides=session.id),
+            *nodes_lacking(session.environment),
+        ],
     )
     if node_id is None:
         return

@@ -121,7 +121,7 @@ def test_a_start_the_runtime_refuses_is_a_422_naming_why_and_is_listed_failed(ag
     answer = agent.put_workload(spec)
     assert answer.status_code == 422, answer.text
     error = answer.json()["error"]
-    assert error["code"] == "environment_unusable" and str(not_python) in error["message"]
+    assert error["code"] == "environment_unavailable" and str(not_python) in error["message"]
     listed = agent.workload("env-1")
     assert listed["state"] == "failed" and "is not an executable" in listed["exit_reason"]
     assert not processes_mentioning(str(tmp_path / "state")) - {agent.proc.pid}

@@ -201,10 +201,10 @@ def test_a_delete_during_a_start_waits_for_it_then_stops_what_it_started(workloa
 
 
 def test_a_refused_start_is_recorded_failed_and_frees_its_slots(workloads, gpu):
-    workloads.runtime.refuse["bad-1"] = RuntimeStartError("no such image", code="environment_unusable")
+    workloads.runtime.refuse["bad-1"] = RuntimeStartError("no such image", code="environment_unavailable")
     with pytest.raises(WorkloadRefused) as refused:
         workloads.put(_spec("bad-1", gpu, 0))
-    assert refused.value.code == "environment_unusable"
+    assert refused.value.code == "environment_unavailable"
     failed = workloads.get("bad-1")
     assert failed.state == "failed" and "no such image" in failed.exit_reason
     assert workloads.put(_spec("good-1", gpu, 0))[0] is True

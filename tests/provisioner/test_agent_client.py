@@ -48,7 +48,7 @@ def _error(code: str, message: str) -> dict:
 
 @pytest.mark.parametrize(
     ("status", "code"),
-    [(422, "environment_unusable"), (422, "invalid_allocation"), (409, "gpu_busy"), (409, "stopping")],
+    [(422, "environment_unavailable"), (422, "invalid_allocation"), (409, "gpu_busy"), (409, "stopping")],
 )
 def test_a_refused_start_is_a_refusal_with_the_agents_code(stand_in, status, code):
     node, answer = stand_in

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import sys
 
 import pytest
 from rest_framework.test import APIClient
@@ -54,7 +55,11 @@ def test_a_heartbeat_records_inventory_metrics_and_answers_desired_workloads(enr
     )
     response = post(token, body)
     assert response.status_code == 200, response.content
-    assert response.json() == {"desired_workloads": [], "heartbeat_interval_seconds": 5}
+    assert response.json() == {
+        "desired_workloads": [],
+        "heartbeat_interval_seconds": 5,
+        "environments": [sys.executable],  # the published interpreters, for the agent to check
+    }
     node.refresh_from_db()
     assert node.last_heartbeat_at is not None
     assert (node.agent_version, node.runtime, node.driver_version) == ("0.1.0", "process", "550.54.15")
