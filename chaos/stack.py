@@ -266,7 +266,8 @@ class Stack:
     def start_web(self) -> Proc:
         command = [
             sys.executable, "-m", "uvicorn", "portal.asgi:application", "--host", "127.0.0.1",
-            "--port", str(self.web_port), "--no-access-log", "--ws", "portal.ws_relay:WebSocketRelay", "--ws-per-message-deflate", "false",
+            "--port", str(self.web_port), "--no-access-log",
+            "--ws", "portal.ws_relay:WebSocketRelay", "--ws-per-message-deflate", "false",
         ]  # fmt: skip
         self.web = self._proc("web", command).start()
         wait_for(self._web_up, timeout=90, what=f"the portal to answer\n{self.web.tail()}")

@@ -80,7 +80,8 @@ def start_web(log_dir: Path, *, env: dict) -> Process:
     port = free_port()
     command = [
         sys.executable, "-m", "uvicorn", "portal.asgi:application", "--host", "127.0.0.1",
-        "--port", str(port), "--no-access-log", "--ws", "portal.ws_relay:WebSocketRelay", "--ws-per-message-deflate", "false",
+        "--port", str(port), "--no-access-log",
+        "--ws", "portal.ws_relay:WebSocketRelay", "--ws-per-message-deflate", "false",
     ]  # fmt: skip
     web = _spawn("web", command, env=env | {"SITE_URL": f"http://127.0.0.1:{port}"}, log_dir=log_dir)
     web.url = f"http://127.0.0.1:{port}"
