@@ -327,6 +327,11 @@ def main() -> None:
             (c50, _), (cw50, _) = results["chp"]
             print(f"chp / direct, HTTP p50: {c50 / d50:.2f}x;  chp - direct, WS p50: {cw50 - dw50:+.3f} ms")
             print(f"ours vs chp: HTTP p50 {o50 / c50:.2f}x, WS p50 {ow50 / cw50:.2f}x   (target <= 1.0x)")
+            cpu = {n: ws_cpu[n] / (len(ws_samples[n]) + warm_up[1]) * 1e6 for n in ("ours", "chp")}
+            print(
+                f"ours vs chp: proxy CPU per WebSocket round trip {cpu['ours']:.0f} vs {cpu['chp']:.0f} us "
+                "(two hops against one; the steadier figure on a shared machine)"
+            )
         else:
             print("configurable-http-proxy: not measured (npm or the registry unavailable)")
     finally:
