@@ -14,6 +14,7 @@ from django.utils.module_loading import import_string
 
 from billing import selectors as billing_selectors
 from billing.models import Account
+from billing.rules import FolderGrant
 from core.errors import NotFound
 from portal.models import Membership, Team, TeamInvite, User
 from portal.proxy import Refusal, Route
@@ -95,6 +96,21 @@ def accounts_payable_by(*, user: User) -> list[Account]:
     accounts = [user.account] if user.account_id else []
     accounts += [m.team.account for m in Membership.objects.select_related("team__account").filter(user=user)]
     return accounts
+
+
+def team_folder_grants(*, user: User) -> list[FolderGrant]:
+    """The team folders ``user`` may see, one per team they belong to, with their access (registered as
+    billing's rule; docs/STORAGE.md, "Team folders"): an owner or admin always writes. One query."""
+    memberships = Membership.objects.filter(user=user, user__is_active=True).select_related("team")
+    return [
+        FolderGrant(
+            account_id=m.team.account_id,
+            name=m.team.slug,
+            read_only=m.folder_read_only,
+            manages=m.manages_team,
+        )
+        for m in memberships.order_by("team__slug")
+    ]
 
 
 def account_managed_by(*, user: User, account: Account) -> bool:

@@ -55,7 +55,7 @@ from provisioner.placement import (
     nodes_reserved,
     reserve_node_pick,
 )
-from provisioner.quotas import quota_admit, quota_subjects
+from provisioner.quotas import quota_admit, quota_subjects, team_folders_admit
 from provisioner.sealing import new_token, seal
 from provisioner.selectors import home_nodes, queue_order, queue_served
 from provisioner.services.events import event_fields, session_event
@@ -260,6 +260,7 @@ def session_launch(
             subjects=subjects,
         )
         account_can_launch(account=account, quote=spec.quote, gpu_model=spec.model_name)
+        team_folders, folder_warnings = team_folders_admit(user=user)
         # Placed before the session row is written (its foreign keys are checked at commit), so a
         # launch that finds room writes the session once, already placing.
         placed = _placement(
@@ -274,6 +275,8 @@ def session_launch(
             priority=priority,
             placed=placed,
             resume=resume,
+            team_folders=team_folders,
+            warnings=folder_warnings,
         )
         home_removals_cancel(user_id=user.pk)  # a launch is use: the home stays (docs/STORAGE.md)
         if placed:
@@ -370,9 +373,12 @@ def _launched_session_create(
     priority: int,
     placed: dict | None,
     resume: bool = False,
+    team_folders: list[dict] | None = None,
+    warnings: list[Message] = (),
 ) -> Session:
-    """Write an admitted session, placing or queued as ``placed`` says, with its first events; inside
-    the launch's transaction. ``resume`` holds only for an interruptible session."""
+    """Write an admitted session, placing or queued as ``placed`` says, with its first events (and a
+    ``storage`` event for each of ``warnings``); inside the launch's transaction. ``resume`` holds only
+    for an interruptible session; ``team_folders`` are the folders it mounts (``team_folders_admit``)."""
     now = timezone.now()
     session = Session.objects.create(
         id=session_id,
@@ -396,6 +402,7 @@ def _launched_session_create(
         resume=resume and spec.tier == Session.Tier.INTERRUPTIBLE,
         queued_at=now,
         placed_at=now if placed else None,
+        team_folders=team_folders or [],
         **(placed["fields"] if placed else {}),
     )
     launched = SessionEvent(
@@ -418,7 +425,8 @@ def _launched_session_create(
             kind="queue",
             **event_fields(message("no_room", gpu_model=spec.model_name, profile=spec.profile.name)),
         )
-    SessionEvent.objects.bulk_create([launched, then])
+    storage = [SessionEvent(session=session, kind="storage", **event_fields(line)) for line in warnings]
+    SessionEvent.objects.bulk_create([launched, *storage, then])
     return session
 
 
