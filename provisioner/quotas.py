@@ -467,8 +467,10 @@ def home_admit(*, user) -> None:
         )
 
 
-def _team_limit(field: str) -> Subquery:
-    return Subquery(Quota.objects.filter(account=OuterRef("account_id"), user__isnull=True).values(field)[:1])
+def team_folder_limit(field: str, account_ref: str = "account_id") -> Subquery:
+    """A team account's own limit of its folder (``max_home_bytes`` or ``max_home_files`` of its quota
+    row), as a subquery on the account that ``account_ref`` names."""
+    return Subquery(Quota.objects.filter(account=OuterRef(account_ref), user__isnull=True).values(field)[:1])
 
 
 def _team_folder_use(usage: TeamFolderUsage, own_bytes: int | None, own_files: int | None) -> HomeUse:
@@ -482,19 +484,31 @@ def team_folder_uses(*, account_ids) -> dict[int, HomeUse]:
     """The team folders of these team accounts as last measured, with their limits, by account id, in
     one query; a folder no agent measured yet is missing (and never over)."""
     rows = TeamFolderUsage.objects.filter(account_id__in=list(account_ids)).annotate(
-        own_bytes=_team_limit("max_home_bytes"), own_files=_team_limit("max_home_files")
+        own_bytes=team_folder_limit("max_home_bytes"), own_files=team_folder_limit("max_home_files")
     )
     return {row.account_id: _team_folder_use(row, row.own_bytes, row.own_files) for row in rows}
 
 
-def team_folder_limits(*, account: Account) -> tuple[int | None, int | None]:
-    """A team folder's limits in bytes and files (None: no limit), for a folder not measured yet."""
-    own = Quota.objects.filter(account=account, user__isnull=True).values_list(
-        "max_home_bytes", "max_home_files"
-    ).first() or (None, None)
-    max_bytes = own[0] if own[0] is not None else settings.TEAM_FOLDER_QUOTA_BYTES
-    max_files = own[1] if own[1] is not None else settings.TEAM_FOLDER_QUOTA_FILES
-    return max_bytes or None, max_files or None
+@dataclass(frozen=True)
+class TeamFolder:
+    """A team folder for its pages: its last measurement (None before any) and its limits."""
+
+    use: HomeUse | None
+    max_bytes: int | None
+    max_files: int | None
+
+
+def team_folder_of(*, account: Account, max_bytes: int | None, max_files: int | None) -> TeamFolder:
+    """The team account's folder as last measured, beside its own limits ``max_bytes`` and ``max_files``
+    (its quota row's: None takes the settings' defaults). No query for an account read with
+    ``select_related("team_folder_usage")``, one otherwise."""
+    try:
+        usage = account.team_folder_usage
+    except TeamFolderUsage.DoesNotExist:
+        usage = None
+    measured = usage or TeamFolderUsage(bytes=0, files=0)
+    use = _team_folder_use(measured, max_bytes, max_files)
+    return TeamFolder(use if usage is not None else None, use.max_bytes, use.max_files)
 
 
 def _figures(use: HomeUse) -> dict[str, str]:
