@@ -212,3 +212,31 @@ def test_the_dashboard_shows_each_teams_folder_beside_the_home(lab):
     browser = Client()
     browser.force_login(lab["dave"])
     assert 'data-testid="team-folder-use"' not in browser.get("/dashboard/").content.decode()
+
+
+def test_the_team_api_shows_the_folder_and_each_members_access(lab, settings):
+    settings.TEAM_FOLDER_QUOTA_FILES = 1000
+    team = lab["team"]
+    TeamFolderUsage.objects.create(
+        account_id=team.account_id, bytes=4096, files=1001, measured_at=timezone.now()
+    )
+    browser = Client()
+    browser.force_login(lab["bob"])
+    body = browser.get(f"/api/v1/teams/{team.slug}").json()
+    assert body["folder"] | {"measured_at": None} == {
+        "path": f"/home/teams/{team.slug}",
+        "bytes": 4096,
+        "files": 1001,
+        "measured_at": None,
+        "max_bytes": settings.TEAM_FOLDER_QUOTA_BYTES,
+        "max_files": 1000,
+        "over": True,
+    }
+    access = {m["username"]: m["folder_read_only"] for m in body["members"]}
+    assert access == {"alice": False, "bob": False, "carol": True}
+    refused = browser.put(
+        f"/api/v1/teams/{team.slug}/members/{lab['carol'].pk}/folder",
+        {"read_only": False},
+        "application/json",
+    )
+    assert refused.status_code == 403
