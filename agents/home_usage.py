@@ -34,11 +34,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from agents.sandbox import TEAMS_DIR  # team folders, beside the homes
+
 HOME_WALK_SECONDS = 0.2  # per heartbeat
 HOME_WALK_ENTRIES = 20_000  # per heartbeat
 HOME_ROUND_SECONDS = 60.0  # a round over the homes starts at most this often
 HOME_RESEND_SECONDS = 600.0  # unchanged figures go to the portal again after this long
-TEAMS_DIR = ".teams"  # agents.sandbox.TEAMS_DIR: team folders beside the homes
 _OPEN_FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
 

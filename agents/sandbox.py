@@ -55,7 +55,6 @@ TEAMS_LINK = "teams"  # in the home: a link to TEAMS_ROOT, so JupyterLab's file 
 ALWAYS_HIDDEN = ("/home", "/root", "/run", "/tmp", "/var/tmp")
 PRIVATE_TMP = ("/tmp", "/var/tmp")  # empty and writable: the workload's own
 DEFAULT_UIDS = (60000, 64999)
-DEFAULT_TEAM_GIDS = (70000, 79999)  # one group per team folder; never a tenant's own gid (= its uid)
 
 
 class SandboxUnavailable(Exception):

@@ -589,8 +589,10 @@ def _resumed_session_create(*, preempted_id) -> Session:
     owner, account, GPU model, profile, environment, limits and locked price, linked to the preempted
     one (``resumed_from``), placed by the queue when free capacity allows. A new row rather than the
     old one back to queued: states only move forward, the meter of a session is closed at its stop, and
-    each run keeps its own history and bill. Inside ``session_end``'s transaction."""
-    old = Session.objects.get(id=preempted_id)
+    each run keeps its own history and bill. Its team folders are decided again, as at a launch (the
+    owner's teams, and the folders' quotas, may have changed). Inside ``session_end``'s transaction."""
+    old = Session.objects.select_related("owner").get(id=preempted_id)
+    team_folders, folder_warnings = team_folders_admit(user=old.owner)
     now = timezone.now()
     new = Session.objects.create(
         owner_id=old.owner_id,
@@ -611,6 +613,7 @@ def _resumed_session_create(*, preempted_id) -> Session:
         resume=True,
         resumed_from=old,
         queued_at=now,
+        team_folders=team_folders,
     )
     SessionEvent.objects.bulk_create(
         [
@@ -620,6 +623,7 @@ def _resumed_session_create(*, preempted_id) -> Session:
                 to_state=S.QUEUED,
                 **event_fields(message("resumed_from", session=str(old.id)[:8])),
             ),
+            *(SessionEvent(session=new, kind="storage", **event_fields(line)) for line in folder_warnings),
             SessionEvent(
                 session=old, kind="resume", **event_fields(message("resumed_as", session=str(new.id)[:8]))
             ),

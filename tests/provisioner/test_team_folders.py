@@ -3,19 +3,23 @@ what the heartbeat stores of the agents' measurements, and what the pages show."
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.test import Client
 from django.utils import timezone, translation
 
 from billing.models import Account
+from billing.services.pricing import price_set
 from core.errors import Forbidden
 from portal.models import Membership
 from portal.services import team_create, team_member_folder_access_set
-from provisioner.models import Session, SessionEvent, TeamFolderUsage
+from provisioner.models import Session, SessionEvent, StopWarning, TeamFolderUsage
 from provisioner.quotas import quota_set
 from provisioner.selectors import workload_spec
+from provisioner.services.limits import sessions_preempt_due
 from provisioner.services.sessions import session_launch
-from tests.provisioner.conftest import ENV, fund, make_user
+from tests.provisioner.conftest import A100, ENV, beat, fund, make_node, make_user, workload_status
 from tests.provisioner.test_heartbeat_api import enrolled, gpu, heartbeat_body, post  # noqa: F401
 
 pytestmark = pytest.mark.django_db
@@ -240,3 +244,28 @@ def test_the_team_api_shows_the_folder_and_each_members_access(lab, settings):
         "application/json",
     )
     assert refused.status_code == 403
+
+
+def test_a_resumed_session_decides_its_team_folders_again(lab, settings, sent_tasks):
+    settings.SESSION_PREEMPT_GRACE_SECONDS = 60
+    price_set(
+        gpu_model=A100,
+        profile="whole",
+        price_micros_per_hour=12_000_000,
+        interruptible_price_micros_per_hour=4_000_000,
+    )
+    node, _token = make_node("node-p", [gpu(0, "GPU-p-0")])
+    bob, team = lab["bob"], lab["team"]
+    args = {"gpu_model": A100, "profile": "whole", "environment": ENV, "max_hours": 2, "idle_minutes": 60}
+    victim = session_launch(
+        user=bob, account=bob.account, idempotency_key=None, tier="interruptible", resume=True, **args
+    ).session
+    assert victim.team_folders == [_folder(team, False)]
+    beat(node, [workload_status(victim, "running")])
+    Membership.objects.filter(team=team, user=bob).update(folder_read_only=True)  # changed meanwhile
+    session_launch(user=lab["dave"], account=lab["dave"].account, idempotency_key=None, **args)
+    warning = StopWarning.objects.get(session=victim, kind="preempt", cleared_at__isnull=True)
+    sessions_preempt_due(now=warning.due_at + timedelta(seconds=1))
+    beat(node, [])
+    resumed = Session.objects.get(resumed_from=victim)
+    assert resumed.team_folders == [_folder(team, True)]
