@@ -86,6 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="FIRST-LAST: the uids workloads run as, one per user (the agent runs as root)",
     )
     p.add_argument(
+        "--team-gids",
+        default=_env("TEAM_GIDS", "70000-79999"),
+        help="FIRST-LAST: the groups of the team folders, one per team, apart from --sandbox-uids "
+        "(docs/STORAGE.md, 'Team folders')",
+    )
+    p.add_argument(
         "--sandbox-hide",
         action="append",
         default=[p for p in _env("SANDBOX_HIDE", "").split(":") if p],
@@ -249,8 +255,11 @@ def workload_runtime(args: argparse.Namespace, state_dir: Path) -> Runtime:
     without one unless told --sandbox none)."""
     try:
         uids = parse_uid_range(args.sandbox_uids)
+        gids = parse_uid_range(args.team_gids, option="--team-gids")
     except ValueError as exc:
         fail(str(exc))
+    if gids[0] <= uids[1] and uids[0] <= gids[1]:  # a tenant's own gid is its uid: never a team's
+        fail(f"--team-gids {args.team_gids} overlaps --sandbox-uids {args.sandbox_uids}")
     sandboxed = args.runtime == "docker" or (args.runtime == "process" and args.sandbox != "none")
     homes_root = Path(args.homes_root).absolute() if args.homes_root else None
     if homes_root == state_dir / "homes":
@@ -262,6 +271,7 @@ def workload_runtime(args: argparse.Namespace, state_dir: Path) -> Runtime:
         homes_root=homes_root,
         sandbox=args.sandbox,
         sandbox_uids=uids,
+        team_gids=gids,
         sandbox_hide=tuple(os.path.abspath(p) for p in args.sandbox_hide),
         device_dir=args.device_dir,
         egress_dir=str(state_dir / "egress") if sandboxed and args.outbound == "on" else None,

@@ -45,9 +45,10 @@ def build_heartbeat(
     environments: list[str] | None = None,
 ) -> dict:
     """The heartbeat's body; ``activity`` is ``Workloads.activity()``, which the running workloads'
-        statuses carry with their GPU figures, and ``homes`` the homes measured since the portal last had
-        their figures (``HomeMeter.pending``; docs/AGENT_PROTOCOL.md). ``environments``: the interpreters of
-    the portal's environments that this node has (``agents.environments.present``)."""
+    statuses carry with their GPU figures, and ``homes`` the homes and team folders measured since the
+    portal last had their figures (``HomeMeter.pending``; docs/AGENT_PROTOCOL.md): a home's go in
+    ``homes``, a team folder's in ``team_folders``. ``environments``: the interpreters of the portal's
+    environments that this node has (``agents.environments.present``)."""
     activity = activity or {}
     metrics, per_session = reader.metrics(pids_by_session, gpu_of_session)
     body = {
@@ -63,8 +64,12 @@ def build_heartbeat(
         "metrics": metrics,
         "workloads": [w.status(per_session.get(w.session_id), activity.get(w.session_id)) for w in workloads],
     }
-    if homes:
-        body["homes"] = homes
+    for key, figures in (
+        ("homes", [f for f in homes or () if "user" in f]),
+        ("team_folders", [f for f in homes or () if "team" in f]),
+    ):
+        if figures:
+            body[key] = figures
     return body
 
 
@@ -189,7 +194,14 @@ class Heartbeats(threading.Thread):
         if self.homes is None:
             return []
         try:
-            self.homes.note_users(str(w.spec.get("user") or "") for w in self.workloads.all())
+            workloads = self.workloads.all()
+            self.homes.note_users(str(w.spec.get("user") or "") for w in workloads)
+            self.homes.note_teams(
+                str(t.get("key") or "")
+                for w in workloads
+                for t in (w.spec.get("teams") or ())
+                if isinstance(t, dict)
+            )
             self.homes.step()
         except Exception:
             log.exception("measuring homes failed")

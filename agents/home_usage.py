@@ -18,7 +18,10 @@ changed, and ``measured_at`` is then the first time these figures were measured.
 
 Which homes: on a node's own root (``local``) every home in it, since only this node's sessions made
 them; on a shared root, the homes of the users this agent has run sessions for since it started (every
-node of the pool measures the same home; the portal keeps the newest figure).
+node of the pool measures the same home; the portal keeps the newest figure). Team folders
+(``<root>/.teams/<key>``) are measured the same way, in the same rounds: on a local root every one, on a
+shared root those of the teams whose folders this agent's sessions mounted; their figures carry ``team``
+(the key) where a home's carry ``user``.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+
+from agents.sandbox import TEAMS_DIR  # team folders, beside the homes
 
 HOME_WALK_SECONDS = 0.2  # per heartbeat
 HOME_WALK_ENTRIES = 20_000  # per heartbeat
@@ -44,7 +49,8 @@ def _now_iso() -> str:
 
 @dataclass
 class _Walk:
-    """One home's walk so far: folders left to list (path, device, inode) and the running totals."""
+    """One home's walk so far: folders left to list (path, device, inode) and the running totals.
+    ``user`` is the folder's name under the root: a user's, or ``.teams/<key>``."""
 
     user: str
     pending: list[tuple[str, int, int]]
@@ -80,6 +86,7 @@ class HomeMeter:
         self.measured: dict[str, dict] = {}  # user -> {"user", "bytes", "files", "measured_at"}
         self._unsent: set[str] = set()
         self._seen: set[str] = set()  # users with sessions here (a shared root's homes to measure)
+        self._seen_teams: set[str] = set()  # and the teams whose folders they mounted
         self._queue: list[str] = []  # homes still to measure this round
         self._walk: _Walk | None = None
 
@@ -87,14 +94,24 @@ class HomeMeter:
         """The users of this node's workloads: on a shared root, only their homes are measured."""
         self._seen.update(u for u in users if u and not u.startswith("."))
 
+    def note_teams(self, keys: Iterable[str]) -> None:
+        """The keys of the team folders this node's workloads mount: on a shared root, only those are
+        measured."""
+        self._seen_teams.update(k for k in keys if k.isdigit())
+
     def _homes(self) -> list[str]:
+        """The folders of this round, by their names under the root: homes, then team folders."""
         if self.shared:
-            return sorted(self._seen)
+            return sorted(self._seen) + [f"{TEAMS_DIR}/{key}" for key in sorted(self._seen_teams)]
+        homes = self._folders(self.root, lambda name: not name.startswith("."))
+        teams = self._folders(self.root / TEAMS_DIR, str.isdigit)
+        return homes + [f"{TEAMS_DIR}/{key}" for key in teams]
+
+    @staticmethod
+    def _folders(root: Path, named) -> list[str]:
         try:
-            with os.scandir(self.root) as listing:
-                return sorted(
-                    e.name for e in listing if not e.name.startswith(".") and e.is_dir(follow_symlinks=False)
-                )
+            with os.scandir(root) as listing:
+                return sorted(e.name for e in listing if named(e.name) and e.is_dir(follow_symlinks=False))
         except OSError:
             return []
 
@@ -137,8 +154,9 @@ class HomeMeter:
         unchanged = before is not None and (before["bytes"], before["files"]) == (walk.bytes, walk.files)
         if unchanged and now - self._sent_at.get(walk.user, now) < self.resend_seconds:
             return
+        team = walk.user.removeprefix(f"{TEAMS_DIR}/") if walk.user.startswith(".") else None
         self.measured[walk.user] = {
-            "user": walk.user,
+            **({"team": team} if team is not None else {"user": walk.user}),
             "bytes": walk.bytes,
             "files": walk.files,
             "measured_at": _now_iso(),
@@ -201,10 +219,12 @@ class HomeMeter:
             walk.pending.append((os.path.join(path, entry.name), info.st_dev, info.st_ino))
 
     def pending(self) -> list[dict]:
-        """Figures measured since the portal last acknowledged some (a lost heartbeat sends them again)."""
+        """Figures measured since the portal last acknowledged some (a lost heartbeat sends them again):
+        homes' (``user``) and team folders' (``team``)."""
         return [self.measured[u] for u in sorted(self._unsent)]
 
     def acknowledge(self, sent: Iterable[dict]) -> None:
         for figures in sent:
-            if self.measured.get(figures["user"]) is figures:
-                self._unsent.discard(figures["user"])
+            name = figures["user"] if "user" in figures else f"{TEAMS_DIR}/{figures['team']}"
+            if self.measured.get(name) is figures:
+                self._unsent.discard(name)

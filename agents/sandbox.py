@@ -14,8 +14,10 @@ What a tenant's code gets (``bwrap_command``):
 - **a read-only host root** with the secrets hidden under empty tmpfs mounts: the agent's state
   (workload records, other homes, MPS folders), every ``--sandbox-hide`` path (the portal's data
   folder on a development host), ``/home``, ``/root``, ``/run``, ``/tmp`` and ``/var/tmp``. Its home
-  (``/home/<user>``) and a private ``/tmp`` are the only writable places; the portal's JupyterLab
-  extensions (agents/labextensions) are bound read-only at ``/run/suanli-labextensions``;
+  (``/home/<user>``) and a private ``/tmp`` are the only writable places, with the folders of its user's
+  teams at ``/home/teams/<team>`` (read-write, or read-only by a read-only bind: docs/STORAGE.md, "Team
+  folders"); the portal's JupyterLab extensions (agents/labextensions) are bound read-only at
+  ``/run/suanli-labextensions``;
 - **a ``/dev`` of its own** holding only the allocated GPU's nodes (``/dev/nvidiaN``, ``nvidiactl``,
   ``nvidia-uvm`` and, for a MIG device, its ``nvidia-caps`` nodes), so the kernel enforces which GPU
   it may open whatever ``CUDA_VISIBLE_DEVICES`` says.
@@ -30,19 +32,26 @@ its own where the kernel allows it) and cgroup limits (the process runtime has n
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
+import logging
 import os
 import shutil
+import stat
+import struct
 import subprocess
 import threading
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from agents import egress
 
 PRIVATE_DIR = "/run/suanli"  # the session's private folder inside the sandbox: config, socket, runtime
 HOME_ROOT = "/home"
+TEAMS_ROOT = "/home/teams"  # team folders in the sandbox; no home is named ``teams`` (each ends in -<id>)
+TEAMS_LINK = "teams"  # in the home: a link to TEAMS_ROOT, so JupyterLab's file browser shows them
 ALWAYS_HIDDEN = ("/home", "/root", "/run", "/tmp", "/var/tmp")
 PRIVATE_TMP = ("/tmp", "/var/tmp")  # empty and writable: the workload's own
 DEFAULT_UIDS = (60000, 64999)
@@ -52,13 +61,13 @@ class SandboxUnavailable(Exception):
     """bubblewrap is missing or cannot create namespaces here; the message says what to do."""
 
 
-def parse_uid_range(text: str) -> tuple[int, int]:
+def parse_uid_range(text: str, *, option: str = "--sandbox-uids") -> tuple[int, int]:
     first, sep, last = text.partition("-")
     if not sep or not first.strip().isdigit() or not last.strip().isdigit():
-        raise ValueError(f"--sandbox-uids must be FIRST-LAST, got {text!r}")
+        raise ValueError(f"{option} must be FIRST-LAST, got {text!r}")
     low, high = int(first), int(last)
     if not 1000 <= low <= high < 2**31:
-        raise ValueError(f"--sandbox-uids must lie within 1000..2^31 and be ordered, got {text!r}")
+        raise ValueError(f"{option} must lie within 1000..2^31 and be ordered, got {text!r}")
     return low, high
 
 
@@ -96,9 +105,12 @@ class UidPool:
     root's table that every node of a pool reads and writes (each under an exclusive ``flock`` of the
     table's lock file, which NFS and CephFS honour across hosts), so a user is the same uid everywhere."""
 
-    def __init__(self, path: Path, uid_range: tuple[int, int] = DEFAULT_UIDS) -> None:
+    def __init__(
+        self, path: Path, uid_range: tuple[int, int] = DEFAULT_UIDS, *, option: str = "--sandbox-uids"
+    ) -> None:
         self.path = path
         self.range = uid_range
+        self.option = option  # named in the error when the range is spent
         self._lock = threading.Lock()
 
     def for_user(self, user: str) -> int:
@@ -116,7 +128,7 @@ class UidPool:
             taken = {v for v in table.values() if isinstance(v, int)}
             uid = next((u for u in range(low, high + 1) if u not in taken), None)
             if uid is None:
-                raise SandboxUnavailable(f"every uid of --sandbox-uids {low}-{high} is taken")
+                raise SandboxUnavailable(f"every id of {self.option} {low}-{high} is taken")
             table[user] = uid
             tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_text(json.dumps(table, sort_keys=True))
@@ -135,8 +147,79 @@ def own(path: Path, uid: int) -> None:
             os.lchown(os.path.join(root, name), uid, uid)
 
 
+TEAMS_DIR = ".teams"  # under the homes root: no home's name starts with a dot
+# A default POSIX ACL (the ``system.posix_acl_default`` xattr, version 2: tag, permissions, id per entry)
+# of owner rwx, group rwx, others nothing: what is made in a team folder is the group's to change whatever
+# the maker's umask, and nobody else's.
+_ACL_UNDEFINED_ID = 0xFFFFFFFF
+TEAM_DEFAULT_ACL = struct.pack("<I", 2) + b"".join(
+    struct.pack("<HHI", tag, perms, _ACL_UNDEFINED_ID) for tag, perms in ((0x01, 7), (0x04, 7), (0x20, 0))
+)
+log = logging.getLogger("agents.sandbox")
+
+
+def team_folder(homes: Path, key: str, gid: int | None) -> Path:
+    """The team folder ``<homes>/.teams/<key>``, made on first use, and its permissions (set again at
+    every start, so a folder made by another node or agent version is put right): owned by root and
+    the team's group ``gid``, mode 2770 (setgid: everything made in it belongs to the group, so every
+    member's uid may write it and no other), with a default ACL giving the group read-write. ``gid``
+    None (an agent that is not root) leaves the folder its own, mode 0700."""
+    teams = homes / TEAMS_DIR
+    teams.mkdir(mode=0o700, parents=True, exist_ok=True)
+    folder = teams / key
+    folder.mkdir(mode=0o700, exist_ok=True)
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        if gid is not None:
+            if (info.st_uid, info.st_gid) != (0, gid):
+                os.fchown(fd, 0, gid)
+            if stat.S_IMODE(info.st_mode) != 0o2770:
+                os.fchmod(fd, 0o2770)
+            try:
+                if os.getxattr(fd, "system.posix_acl_default") != TEAM_DEFAULT_ACL:
+                    raise OSError(errno.ENODATA, "another default ACL")
+            except OSError:
+                try:
+                    os.setxattr(fd, "system.posix_acl_default", TEAM_DEFAULT_ACL)
+                except OSError as exc:  # a filesystem without POSIX ACLs: members' umask decides
+                    log.warning("no default ACL on team folder %s (%s)", folder, exc)
+    finally:
+        os.close(fd)
+    return folder
+
+
+def teams_link(home: Path, uid: int | None) -> None:
+    """A link ``teams`` -> ``/home/teams`` in the home, made when the home has no entry of that name (one
+    the tenant made, or removed, is theirs to keep): JupyterLab's file browser, rooted at the home, shows
+    the team folders through it. Made relative to the home's descriptor: nothing is followed."""
+    fd = os.open(home, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        try:
+            os.symlink(TEAMS_ROOT, TEAMS_LINK, dir_fd=fd)
+        except FileExistsError:
+            return
+        if uid is not None:
+            os.chown(TEAMS_LINK, uid, uid, dir_fd=fd, follow_symlinks=False)
+    finally:
+        os.close(fd)
+
+
 def home_in_sandbox(user: str) -> str:
     return f"{HOME_ROOT}/{user}"
+
+
+def team_in_sandbox(name: str) -> str:
+    return f"{TEAMS_ROOT}/{name}"
+
+
+@dataclass(frozen=True)
+class TeamMount:
+    """A team folder for ``bwrap_command``: its host path, its name in the sandbox, and how bound."""
+
+    source: str
+    name: str
+    read_only: bool
 
 
 def bwrap_command(
@@ -155,6 +238,8 @@ def bwrap_command(
     preload_file: str | None = None,
     egress_dir: str | None = None,
     read_only: Mapping[str, str] | None = None,
+    teams: Iterable[TeamMount] = (),
+    groups: Iterable[int] = (),
 ) -> list[str]:
     """The bubblewrap command line around ``command`` (see the module docstring).
 
@@ -164,7 +249,9 @@ def bwrap_command(
     them, read-only, under ``/run`` (the JupyterLab extensions every workload loads). ``preload_file``
     (naming HAMi's libvgpu.so) becomes the sandbox's own read-only ``/etc/ld.so.preload``, which the
     dynamic loader reads for every process whatever its environment says: unsetting ``LD_PRELOAD`` does
-    not remove the library."""
+    not remove the library. ``teams`` are bound at ``/home/teams/<name>`` (``--ro-bind`` for a read-only
+    member: the kernel refuses its writes) and ``groups`` become the tenant's supplementary groups (the
+    team folders' gids) in place of none."""
     args = [bwrap, *_namespaces(), "--die-with-parent", "--new-session", "--ro-bind", "/", "/"]
     covered: list[str] = []
     for path in sorted({os.path.abspath(p) for p in (*ALWAYS_HIDDEN, *hidden)}, key=len):
@@ -200,17 +287,23 @@ def bwrap_command(
             args += ["--dev-bind", source, f"/dev/{node}"]
     inside_home = home_in_sandbox(user)
     args += ["--bind", str(home), inside_home, "--bind", str(private), PRIVATE_DIR]
+    teams = list(teams)
+    if teams:
+        args += ["--perms", "0755", "--dir", TEAMS_ROOT]
+    for team in teams:
+        args += ["--ro-bind" if team.read_only else "--bind", team.source, team_in_sandbox(team.name)]
     if egress_dir:
         args += ["--ro-bind", egress_dir, egress.SANDBOX_DIR]
     for source, target in (read_only or {}).items():
         args += ["--ro-bind", source, target]
     args += ["--setenv", "HOME", inside_home, "--chdir", inside_home, "--"]
     if uid is not None:
+        gids = sorted(set(groups))
         args += [
             "setpriv",
             f"--reuid={uid}",
             f"--regid={uid}",
-            "--clear-groups",
+            f"--groups={','.join(map(str, gids))}" if gids else "--clear-groups",
             "--inh-caps=-all",
             "--bounding-set=-all",
             "--no-new-privs",

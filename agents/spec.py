@@ -20,6 +20,9 @@ SESSION_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 TOKEN_RE = re.compile(r"^[\x21-\x7e]{8,256}$")
 BASE_URL_RE = re.compile(r"^/(?:[A-Za-z0-9_.~-]+/)*$")
+TEAM_KEY_RE = re.compile(r"^[0-9]{1,18}$")  # the team's account id: its folder's name under ``.teams``
+TEAM_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,99}$")  # the team's slug: where the sandbox shows it
+TEAMS_MAX = 64
 
 
 class SpecError(ValueError):
@@ -43,6 +46,16 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class TeamFolder:
+    """A team's shared folder the workload sees (docs/STORAGE.md, "Team folders"): ``<homes>/.teams/<key>``
+    on the node, ``/home/teams/<name>`` in the sandbox, read-only when ``read_only``."""
+
+    key: str
+    name: str
+    read_only: bool
+
+
+@dataclass(frozen=True)
 class WorkloadSpec:
     session_id: str
     user: str
@@ -51,13 +64,19 @@ class WorkloadSpec:
     environment: Environment
     allocation: Allocation | None
     limits: Limits
+    teams: tuple[TeamFolder, ...] = ()
 
     def to_json(self) -> dict:
-        """The spec as the portal sends it: a one-device allocation without ``device_uuids`` (so its
-        fingerprint is the one agents before multi-GPU sessions recorded)."""
+        """The spec as the portal sends it: a one-device allocation without ``device_uuids`` and a spec
+        without team folders without ``teams`` (so its fingerprint is the one agents before multi-GPU
+        sessions and team folders recorded)."""
         data = asdict(self)
         if data["environment"]["home_prefix"] is None:  # sent only for a user's own environment
             del data["environment"]["home_prefix"]
+        if not data["teams"]:
+            del data["teams"]
+        else:
+            data["teams"] = [dict(team) for team in data["teams"]]
         allocation = data["allocation"]
         if allocation is not None:
             uuids = allocation.pop("device_uuids")
@@ -97,7 +116,10 @@ def parse_spec(body: Any, *, session_id: str | None = None) -> WorkloadSpec:
     if not isinstance(body, dict):
         raise SpecError({"": "the body must be a JSON object"})
     _check_keys(
-        body, "", ("session_id", "user", "token", "base_url", "environment", "allocation", "limits"), errors
+        {k: v for k, v in body.items() if k != "teams"},
+        "",
+        ("session_id", "user", "token", "base_url", "environment", "allocation", "limits"),
+        errors,
     )
 
     sid = body.get("session_id")
@@ -118,9 +140,38 @@ def parse_spec(body: Any, *, session_id: str | None = None) -> WorkloadSpec:
     environment = _parse_environment(body, errors)
     allocation = _parse_allocation(body, errors)
     limits = _parse_limits(body, errors)
+    teams = _parse_teams(body, errors)
     if errors:
         raise SpecError(errors)
-    return WorkloadSpec(sid, user, token, base_url, environment, allocation, limits)
+    return WorkloadSpec(sid, user, token, base_url, environment, allocation, limits, teams)
+
+
+def _parse_teams(body: Mapping, errors: dict[str, str]) -> tuple[TeamFolder, ...]:
+    """``body["teams"]`` (optional: none when absent), with its faults added to ``errors``."""
+    teams = body.get("teams", [])
+    if not isinstance(teams, list) or len(teams) > TEAMS_MAX:
+        errors["teams"] = f"must be a list of at most {TEAMS_MAX} team folders"
+        return ()
+    parsed: list[TeamFolder] = []
+    for i, team in enumerate(teams):
+        prefix = f"teams.{i}."
+        if not isinstance(team, dict):
+            errors[f"teams.{i}"] = "must be an object"
+            continue
+        _check_keys(team, prefix, ("key", "name", "read_only"), errors)
+        if "key" in team and (not isinstance(team["key"], str) or not TEAM_KEY_RE.match(team["key"])):
+            errors[f"{prefix}key"] = "must be 1 to 18 digits"
+        if "name" in team and (not isinstance(team["name"], str) or not TEAM_NAME_RE.match(team["name"])):
+            errors[f"{prefix}name"] = "must match [A-Za-z0-9_][A-Za-z0-9_-]{0,99}"
+        if "read_only" in team and not isinstance(team["read_only"], bool):
+            errors[f"{prefix}read_only"] = "must be true or false"
+        if not any(k.startswith(prefix) for k in errors):
+            parsed.append(TeamFolder(team["key"], team["name"], team["read_only"]))
+    for field in ("key", "name"):
+        values = [getattr(t, field) for t in parsed]
+        if len(set(values)) != len(values):
+            errors["teams"] = f"two team folders have one {field}"
+    return tuple(parsed)
 
 
 def _parse_environment(body: Mapping, errors: dict[str, str]) -> Environment | None:

@@ -15,10 +15,21 @@ from django.core.exceptions import ImproperlyConfigured
 
 
 @dataclass(frozen=True)
+class FolderGrant:
+    """A team account's shared folder a user may see (docs/STORAGE.md, "Team folders")."""
+
+    account_id: int
+    name: str  # the team's slug: where sessions show the folder
+    read_only: bool  # the member's own access, before any quota
+    manages: bool  # an owner or admin of the team
+
+
+@dataclass(frozen=True)
 class AccountRules:
     paying_accounts: Callable[..., list]  # (user=) -> the accounts the user may see and pay with
     manages: Callable[..., bool]  # (user=, account=) -> whether the user may move its money and cards
     managers: Callable[..., list]  # (account=) -> the users who may (whom its money matters are told)
+    folders: Callable[..., list] = lambda *, user: []  # (user=) -> the FolderGrants of the user's teams
 
 
 _registered: list[AccountRules] = []
@@ -48,3 +59,8 @@ def account_managed_by(*, user: Any, account: Any) -> bool:
 def account_managers(*, account: Any) -> list:
     """The active users who may move ``account``'s money and cards: whom billing tells about it."""
     return list(account_rules().managers(account=account))
+
+
+def folder_grants_of(*, user: Any) -> list[FolderGrant]:
+    """The team folders ``user`` may see: one per team they belong to."""
+    return list(account_rules().folders(user=user))

@@ -37,8 +37,8 @@ class TeamAdmin(admin.ModelAdmin):
 
 @admin.register(Membership)
 class MembershipAdmin(admin.ModelAdmin):
-    list_display = ("team", "user", "role", "joined_at")
-    list_filter = ("role",)
+    list_display = ("team", "user", "role", "folder_read_only", "joined_at")
+    list_filter = ("role", "folder_read_only")
     search_fields = ("team__name", "user__username")
     readonly_fields = ("joined_at",)
 

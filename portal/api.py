@@ -153,6 +153,9 @@ class MemberOut(serializers.Serializer):
     joined_at = serializers.DateTimeField()
     usage = UsageOut()
     cap = MemberCapOut(help_text="The member's own cap inside the team's quota; null: none of their own.")
+    folder_read_only = serializers.BooleanField(
+        help_text="Whether the member's sessions see the team folder read-only (owners and admins: never)."
+    )
 
 
 class InviteOut(serializers.Serializer):
@@ -164,9 +167,24 @@ class InviteOut(serializers.Serializer):
     expires_at = serializers.DateTimeField()
 
 
+class TeamFolderOut(serializers.Serializer):
+    path = serializers.CharField(help_text="Where members' sessions see it.")
+    bytes = serializers.IntegerField(allow_null=True, help_text="As last measured; null: not measured yet.")
+    files = serializers.IntegerField(allow_null=True)
+    measured_at = serializers.DateTimeField(allow_null=True)
+    max_bytes = serializers.IntegerField(allow_null=True, help_text="null: no limit.")
+    max_files = serializers.IntegerField(allow_null=True, help_text="null: no limit.")
+    over = serializers.BooleanField(help_text="Over a limit: members' new sessions see it read-only.")
+
+
+class MemberFolderIn(serializers.Serializer):
+    read_only = serializers.BooleanField()
+
+
 class TeamDetailOut(TeamRefOut):
     limits = TeamLimitsOut(help_text="The team's quota (null: no limit).")
     usage = UsageOut()
+    folder = TeamFolderOut(help_text="The team's shared folder (docs/STORAGE.md, 'Team folders').")
     members = MemberOut(many=True)
     invites = InviteOut(
         many=True,
@@ -209,6 +227,20 @@ def _member_body(row: selectors.MemberSpend) -> dict:
             "monthly_spend_cap_micros": row.limits.monthly_spend_cap_micros,
             "monthly_card_cap_micros": row.limits.monthly_card_cap_micros,
         },
+        "folder_read_only": m.folder_read_only and not m.manages_team,
+    }
+
+
+def _folder_body(team: Team, folder) -> dict:
+    use = folder.use
+    return {
+        "path": f"/home/teams/{team.slug}",
+        "bytes": use.bytes if use else None,
+        "files": use.files if use else None,
+        "measured_at": use.measured_at if use else None,
+        "max_bytes": folder.max_bytes,
+        "max_files": folder.max_files,
+        "over": bool(use and use.over),
     }
 
 
@@ -359,6 +391,7 @@ class TeamDetailView(APIView):
                 "limits": asdict(overview["team_limits"]),
                 "usage": asdict(overview["team_usage"]),
                 "members": [_member_body(row) for row in overview["member_rows"]],
+                "folder": _folder_body(team, overview["team_folder"]),
                 "invites": invites,
             }
         )
@@ -418,4 +451,27 @@ class TeamMemberCapView(APIView):
         payload = MemberCapIn(data=request.data)
         payload.is_valid(raise_exception=True)
         services.team_member_cap_set(team=team, actor=request.user, member=member, **payload.validated_data)
+        return Response(_member_row(team, member.pk))
+
+
+class TeamMemberFolderView(APIView):
+    token_scope = NO_TOKEN
+
+    @extend_schema(
+        operation_id="teams_member_folder_set",
+        summary="Make the team folder read-only or read-write for a member (the team's owners and admins; "
+        "audited)",
+        description="Sessions the member launches from now on mount it so; an owner or admin is never "
+        "read-only (403 team_folder_manager).",
+        parameters=[MEMBER],
+        request=MemberFolderIn,
+        responses={200: MemberOut},
+    )
+    def put(self, request: Request, slug: str, user_id: int) -> Response:
+        team, _membership = _team_for(request, slug)
+        member = _member_of(team, user_id)
+        read_only = _valid(MemberFolderIn, request.data)["read_only"]
+        services.team_member_folder_access_set(
+            team=team, actor=request.user, member=member, read_only=read_only
+        )
         return Response(_member_row(team, member.pk))

@@ -55,6 +55,8 @@ class Membership(models.Model):
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
     role = models.CharField(_("role"), max_length=8, choices=Role.choices, default=Role.MEMBER)
     joined_at = models.DateTimeField(auto_now_add=True)
+    # The team folder (docs/STORAGE.md, "Team folders"): read-write unless a manager made it read-only.
+    folder_read_only = models.BooleanField(_("team folder read-only"), default=False)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["team", "user"], name="membership_once_per_team")]

@@ -58,7 +58,7 @@ def daily_spend(*, account: Account, days: int = 30) -> list[tuple[str, int]]:
     ]
 
 
-def _money_context(request: HttpRequest, account: Account) -> dict:
+def _money_context(request: HttpRequest, account: Account, *, with_team_folders: bool = False) -> dict:
     money = _funds_context(account)
     cards = (
         billing_selectors.usable_cards(account=account)
@@ -67,7 +67,7 @@ def _money_context(request: HttpRequest, account: Account) -> dict:
     )
     return {
         "account": account,
-        "accounts": accounts_payable_by(user=request.user),
+        "accounts": accounts_payable_by(user=request.user, with_team_folders=with_team_folders),
         # split, gift, revoke and top up: the account's own user, a team's owners and admins
         "can_manage": account_managed_by(user=request.user, account=account),
         "cards": cards,
@@ -168,12 +168,15 @@ def dashboard_live(request: HttpRequest) -> HttpResponse:
 @login_required
 def dashboard(request: HttpRequest) -> HttpResponse:
     account = account_or_404(request)
-    money = _money_context(request, account)
+    money = _money_context(request, account, with_team_folders=True)
+    # the teams are those whose accounts the user pays with, with their folders (one query for all)
+    teams = sorted(
+        (a.team for a in money["accounts"] if a.kind == Account.Kind.TEAM), key=lambda team: team.name
+    )
     context = money | {
-        # the teams are those whose accounts the user pays with (one query for both)
-        "teams": sorted(
-            (a.team for a in money["accounts"] if a.kind == Account.Kind.TEAM), key=lambda team: team.name
-        ),
+        "teams": teams,
+        # the folders measured so far, as the home line shows the home once measured
+        "team_folders": [(t, t.account.team_folder.use) for t in teams if t.account.team_folder.use],
         "spend": daily_spend(account=account),
         "running": running_sessions(user=request.user),
         "home": home_use_of(request.user),  # read with the request's user: no query

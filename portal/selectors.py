@@ -14,6 +14,7 @@ from django.utils.module_loading import import_string
 
 from billing import selectors as billing_selectors
 from billing.models import Account
+from billing.rules import FolderGrant
 from core.errors import NotFound
 from portal.models import Membership, Team, TeamInvite, User
 from portal.proxy import Refusal, Route
@@ -28,7 +29,9 @@ def team_list_for_user(*, user: User) -> QuerySet[Team]:
 def team_get_for_member(*, user: User, slug: str) -> tuple[Team, Membership] | None:
     """The team and the caller's membership, or None: a team one is not in does not exist for them."""
     membership = (
-        Membership.objects.select_related("team", "team__account").filter(user=user, team__slug=slug).first()
+        Membership.objects.select_related("team", "team__account", "team__account__team_folder_usage")
+        .filter(user=user, team__slug=slug)
+        .first()
     )
     return (membership.team, membership) if membership else None
 
@@ -68,8 +71,8 @@ def team_member_spend(
 
 
 def team_overview(*, team: Team) -> dict:
-    """A team's wallet and cards, its quota and what it uses of it, and each member's spend this month
-    with their cap (the caps a team admin sets inside the team's quota)."""
+    """A team's wallet and cards, its quota and what it uses of it, each member's spend this month
+    with their cap (the caps a team admin sets inside the team's quota), and its team folder's use."""
     account = team.account
     use = quotas.account_use(account=account)
     funds = billing_selectors.account_funds(account=account)
@@ -79,6 +82,9 @@ def team_overview(*, team: Team) -> dict:
         "team_limits": use.limits,
         "team_usage": use.usage,
         "member_rows": team_member_spend(team=team, members=use.members),
+        "team_folder": quotas.team_folder_of(
+            account=account, max_bytes=use.limits.max_home_bytes, max_files=use.limits.max_home_files
+        ),
     }
 
 
@@ -90,11 +96,40 @@ def account_chosen(*, user: User, wanted: str | None) -> Account | None:
     return next((a for a in accounts_payable_by(user=user) if str(a.pk) == wanted), None)
 
 
-def accounts_payable_by(*, user: User) -> list[Account]:
-    """The accounts a user may launch on: their own and those of teams they belong to."""
+def accounts_payable_by(*, user: User, with_team_folders: bool = False) -> list[Account]:
+    """The accounts a user may launch on: their own and those of teams they belong to, in one query;
+    ``with_team_folders``: each team's account carries its ``team_folder`` (``quotas.team_folder_of``),
+    read in the same query."""
     accounts = [user.account] if user.account_id else []
-    accounts += [m.team.account for m in Membership.objects.select_related("team__account").filter(user=user)]
+    memberships = Membership.objects.select_related("team__account").filter(user=user)
+    if not with_team_folders:
+        return accounts + [m.team.account for m in memberships]
+    memberships = memberships.select_related("team__account__team_folder_usage").annotate(
+        folder_max_bytes=quotas.team_folder_limit("max_home_bytes", "team__account_id"),
+        folder_max_files=quotas.team_folder_limit("max_home_files", "team__account_id"),
+    )
+    for m in memberships:
+        account = m.team.account
+        account.team_folder = quotas.team_folder_of(
+            account=account, max_bytes=m.folder_max_bytes, max_files=m.folder_max_files
+        )
+        accounts.append(account)
     return accounts
+
+
+def team_folder_grants(*, user: User) -> list[FolderGrant]:
+    """The team folders ``user`` may see, one per team they belong to, with their access (registered as
+    billing's rule; docs/STORAGE.md, "Team folders"): an owner or admin always writes. One query."""
+    memberships = Membership.objects.filter(user=user, user__is_active=True).select_related("team")
+    return [
+        FolderGrant(
+            account_id=m.team.account_id,
+            name=m.team.slug,
+            read_only=m.folder_read_only and not m.manages_team,
+            manages=m.manages_team,
+        )
+        for m in memberships.order_by("team__slug")
+    ]
 
 
 def account_managed_by(*, user: User, account: Account) -> bool:

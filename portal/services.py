@@ -287,6 +287,35 @@ def team_member_set_role(*, team: Team, actor: User, member: User, role: str) ->
         return target
 
 
+def team_member_folder_access_set(*, team: Team, actor: User, member: User, read_only: bool) -> Membership:
+    """Make the team folder read-only (or read-write again) for one member: their sessions launched from
+    now on mount it so (docs/STORAGE.md, "Team folders"); a running session keeps what it mounted. Only
+    the team's owners and admins may, and an owner or admin is never made read-only (they clean the
+    folder up when it is over its quota). Locks the team row; writes an audit row. Raises NotFound (the
+    actor or ``member`` is not in the team), Forbidden."""
+    with transaction.atomic():
+        Team.objects.select_for_update().get(pk=team.pk)
+        _require_manager(team, actor)
+        target = _membership(team, member)
+        if read_only and target.manages_team:
+            raise Forbidden(
+                _("An owner or admin always has the team folder read-write."), code="team_folder_manager"
+            )
+        before = {"folder_read_only": target.folder_read_only}
+        if target.folder_read_only != read_only:
+            target.folder_read_only = read_only
+            target.save(update_fields=["folder_read_only"])
+        audit_record(
+            actor=actor,
+            action="team.member_folder_access",
+            target=team,
+            before=before,
+            after={"folder_read_only": read_only},
+            reason=member.username,
+        )
+        return target
+
+
 def team_member_cap_set(
     *,
     team: Team,

@@ -373,6 +373,10 @@ try:
     # A user's home, as the agents measure it (docs/STORAGE.md); 0: no limit. A user's quota row overrides.
     HOMES_QUOTA_BYTES = env("HOMES_QUOTA_BYTES", 20 * 2**30)
     HOMES_QUOTA_FILES = env("HOMES_QUOTA_FILES", 500_000)
+    # A team's shared folder (docs/STORAGE.md, "Team folders"); 0: no limit. The team account's quota row
+    # (max_home_bytes / max_home_files) overrides.
+    TEAM_FOLDER_QUOTA_BYTES = env("TEAM_FOLDER_QUOTA_BYTES", 100 * 2**30)
+    TEAM_FOLDER_QUOTA_FILES = env("TEAM_FOLDER_QUOTA_FILES", 1_000_000)
     # Retention (docs/STORAGE.md): a home whose user launched no session for HOMES_RETENTION_IDLE_DAYS is
     # removed (0: kept forever); a deactivated or deleted user's HOMES_RETENTION_DELETED_DAYS after. The
     # user is told HOMES_RETENTION_WARN_DAYS before, and again a day before.

@@ -103,6 +103,11 @@ urlpatterns = [
         api.TeamMemberCapView.as_view(),
         name="api_team_member_cap",
     ),
+    path(
+        "api/v1/teams/<slug:slug>/members/<int:user_id>/folder",
+        api.TeamMemberFolderView.as_view(),
+        name="api_team_member_folder",
+    ),
     path("api/schema/", SpectacularAPIView.as_view(), name="api_schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api_schema"), name="api_docs"),
     path("admin/", admin.site.urls),

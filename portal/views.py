@@ -289,6 +289,14 @@ def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
                         team=team, actor=request.user, member=member, role=request.POST.get("role", "")
                     )
                     messages.success(request, _("Role changed."))
+            elif action == "folder":
+                member = User.objects.get(memberships__team=team, pk=request.POST.get("member"))
+                services.team_member_folder_access_set(
+                    team=team, actor=request.user, member=member, read_only=request.POST.get("access") == "ro"
+                )
+                messages.success(
+                    request, _("Team folder access changed for %(name)s.") % {"name": member.username}
+                )
             elif action == "cap":
                 member = User.objects.get(memberships__team=team, pk=request.POST.get("member"))
                 services.team_member_cap_set(

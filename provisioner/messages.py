@@ -39,6 +39,16 @@ TEMPLATES: dict[str, str] = {
         "Placed on %(node)s: the nodes that hold your home folder had no room, so this session has the home "
         "folder kept on %(node)s, not your latest files."
     ),
+    "team_folder_over_read_only": gettext_noop(
+        "The team folder %(team)s holds %(used)s and %(files)s files, over its limit of %(limit)s and "
+        "%(max_files)s files: this session sees it read-only. Ask a team owner or admin to delete files from "
+        "it, or an administrator to raise the team's limit."
+    ),
+    "team_folder_over_manager": gettext_noop(
+        "The team folder %(team)s holds %(used)s and %(files)s files, over its limit of %(limit)s and "
+        "%(max_files)s files: members' sessions see it read-only until it is under. As a team owner or "
+        "admin you may delete files from it in this session."
+    ),
     "no_room": gettext_noop("No free %(gpu_model)s %(profile)s right now: waiting in the queue."),
     "reserved_node": gettext_noop(
         "Waited long enough to reserve %(node)s: nothing else of this model starts there until this fits."

@@ -312,6 +312,9 @@ class Session(models.Model):
     # own stop during the grace). ``resumed_from``: the preempted session this one re-queues.
     tier = models.CharField(max_length=16, choices=Tier.choices, default=Tier.ON_DEMAND)
     resume = models.BooleanField(default=False)
+    # The team folders the session mounts, decided at launch (docs/STORAGE.md, "Team folders"): the
+    # spec's ``teams``, [{"key": "<team account id>", "name": "<team slug>", "read_only": bool}].
+    team_folders = models.JSONField(default=list, blank=True)
     preempted_for = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="preempting"
     )
@@ -476,9 +479,14 @@ class Quota(models.Model):
     monthly_card_cap_micros = models.BigIntegerField(
         null=True, blank=True, help_text="Card-hours a month, in micro card-hours."
     )
-    # a user's home (a user's own row only: a team's or a member's is not read yet)
-    max_home_bytes = models.BigIntegerField(null=True, blank=True, help_text="Bytes in the user's home.")
-    max_home_files = models.BigIntegerField(null=True, blank=True, help_text="Files in the user's home.")
+    # a user's home on a user's own row; the team's shared folder on a team account's (a member's is not
+    # read)
+    max_home_bytes = models.BigIntegerField(
+        null=True, blank=True, help_text="Bytes in the user's home, or in a team account's team folder."
+    )
+    max_home_files = models.BigIntegerField(
+        null=True, blank=True, help_text="Files in the user's home, or in a team account's team folder."
+    )
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -538,6 +546,30 @@ class HomeUsage(models.Model):
 
     def __str__(self) -> str:
         return f"home of user {self.user_id}: {self.bytes} bytes, {self.files} files"
+
+
+class TeamFolderUsage(models.Model):
+    """What a team's shared folder (``<homes>/.teams/<account id>``) held when an agent last measured it,
+    as ``HomeUsage`` for a home: the newest measurement wins, whichever node sent it. Keyed by the team's
+    account (the provisioner knows accounts, not teams)."""
+
+    account = models.OneToOneField(
+        "billing.Account", on_delete=models.CASCADE, related_name="team_folder_usage"
+    )
+    bytes = models.BigIntegerField()
+    files = models.BigIntegerField()
+    measured_at = models.DateTimeField()
+    node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(bytes__gte=0, files__gte=0), name="team_folder_usage_not_negative"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"team folder of account {self.account_id}: {self.bytes} bytes, {self.files} files"
 
 
 class StopWarning(models.Model):

@@ -22,8 +22,10 @@ from django.utils.translation import gettext_lazy
 
 from billing.audit import audit_record
 from billing.models import Account, Meter
+from billing.rules import folder_grants_of
 from core.errors import QuotaExceeded, ValidationFailed
-from provisioner.models import HomeRemoval, HomeUsage, Profile, Quota, Session
+from provisioner.messages import Message, message
+from provisioner.models import HomeRemoval, HomeUsage, Profile, Quota, Session, TeamFolderUsage
 
 LIMIT_FIELDS = Quota.LIMIT_FIELDS
 
@@ -488,6 +490,85 @@ def home_upload_admit(*, user, size_bytes: int) -> None:
         )
     if use.over_files:
         home_admit(user=user)
+
+
+def team_folder_limit(field: str, account_ref: str = "account_id") -> Subquery:
+    """A team account's own limit of its folder (``max_home_bytes`` or ``max_home_files`` of its quota
+    row), as a subquery on the account that ``account_ref`` names."""
+    return Subquery(Quota.objects.filter(account=OuterRef(account_ref), user__isnull=True).values(field)[:1])
+
+
+def _team_folder_use(usage: TeamFolderUsage, own_bytes: int | None, own_files: int | None) -> HomeUse:
+    """A team folder's figures beside its limits: the team account's quota row, else the settings'."""
+    max_bytes = own_bytes if own_bytes is not None else settings.TEAM_FOLDER_QUOTA_BYTES
+    max_files = own_files if own_files is not None else settings.TEAM_FOLDER_QUOTA_FILES
+    return HomeUse(usage.bytes, usage.files, usage.measured_at, max_bytes or None, max_files or None)
+
+
+def team_folder_uses(*, account_ids) -> dict[int, HomeUse]:
+    """The team folders of these team accounts as last measured, with their limits, by account id, in
+    one query; a folder no agent measured yet is missing (and never over)."""
+    rows = TeamFolderUsage.objects.filter(account_id__in=list(account_ids)).annotate(
+        own_bytes=team_folder_limit("max_home_bytes"), own_files=team_folder_limit("max_home_files")
+    )
+    return {row.account_id: _team_folder_use(row, row.own_bytes, row.own_files) for row in rows}
+
+
+@dataclass(frozen=True)
+class TeamFolder:
+    """A team folder for its pages: its last measurement (None before any) and its limits."""
+
+    use: HomeUse | None
+    max_bytes: int | None
+    max_files: int | None
+
+
+def team_folder_of(*, account: Account, max_bytes: int | None, max_files: int | None) -> TeamFolder:
+    """The team account's folder as last measured, beside its own limits ``max_bytes`` and ``max_files``
+    (its quota row's: None takes the settings' defaults). No query for an account read with
+    ``select_related("team_folder_usage")``, one otherwise."""
+    try:
+        usage = account.team_folder_usage
+    except TeamFolderUsage.DoesNotExist:
+        usage = None
+    measured = usage or TeamFolderUsage(bytes=0, files=0)
+    use = _team_folder_use(measured, max_bytes, max_files)
+    return TeamFolder(use if usage is not None else None, use.max_bytes, use.max_files)
+
+
+def _figures(use: HomeUse) -> dict[str, str]:
+    unlimited = "∞"
+    return {
+        "used": filesizeformat(use.bytes),
+        "limit": filesizeformat(use.max_bytes) if use.max_bytes else unlimited,
+        "files": f"{use.files:,}",
+        "max_files": f"{use.max_files:,}" if use.max_files else unlimited,
+    }
+
+
+def team_folders_admit(*, user) -> tuple[list[dict], list[Message]]:
+    """The team folders a launch by ``user`` mounts (the spec's ``teams``: every team they belong to,
+    whichever account pays) and the warnings for its history. A folder over a limit, as last measured, is
+    mounted read-only for its members (the kernel refuses their writes; nothing is deleted) and read-write
+    for the team's owners and admins, so that they can delete files from it; the launch goes on either
+    way. Reads only: two queries."""
+    grants = folder_grants_of(user=user)
+    uses = team_folder_uses(account_ids=[g.account_id for g in grants])
+    folders, warnings = [], []
+    for grant in grants:
+        use = uses.get(grant.account_id)
+        over = use is not None and use.over
+        folders.append(
+            {
+                "key": str(grant.account_id),
+                "name": grant.name,
+                "read_only": grant.read_only or (over and not grant.manages),
+            }
+        )
+        if over and not grant.read_only:
+            key = "team_folder_over_manager" if grant.manages else "team_folder_over_read_only"
+            warnings.append(message(key, team=grant.name, **_figures(use)))
+    return folders, warnings
 
 
 def _clean_limits(limits: dict) -> dict:

@@ -51,7 +51,7 @@ def workload_user(user) -> str:
 
 def workload_spec(session: Session) -> dict:
     """The workload spec of docs/AGENT_PROTOCOL.md for one placed session (a multi-GPU one lists every
-    GPU in ``device_uuids``)."""
+    GPU in ``device_uuids``, and a session that mounts team folders names them in ``teams``)."""
     env = session.environment
     runs_on = env.runs_on
     environment = {"name": env.name, "python": runs_on.python or None, "image": runs_on.image or None}
@@ -69,7 +69,7 @@ def workload_spec(session: Session) -> dict:
         devices = session.gpu_devices()
         if len(devices) > 1:
             allocation["device_uuids"] = [d.uuid for d in devices]
-    return {
+    spec = {
         "session_id": str(session.id),
         "user": workload_user(session.owner),
         "token": unseal(session.jupyter_token_sealed),
@@ -78,6 +78,9 @@ def workload_spec(session: Session) -> dict:
         "allocation": allocation,
         "limits": {"cpu_cores": float(env.cpu_cores), "memory_mib": int(env.memory_mib)},
     }
+    if session.team_folders:  # absent otherwise: the spec (and its fingerprint) of agents before them
+        spec["teams"] = list(session.team_folders)
+    return spec
 
 
 def desired_workloads(*, node: Node) -> list[dict]:

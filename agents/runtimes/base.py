@@ -81,6 +81,7 @@ class RuntimeOptions:
     homes_root: Path | None = None
     sandbox: str = "auto"  # process runtime: auto | bwrap (the same: a sandbox or a refusal) | none
     sandbox_uids: tuple[int, int] = (60000, 64999)
+    team_gids: tuple[int, int] = (70000, 79999)  # a group per team folder (docs/STORAGE.md, "Team folders")
     sandbox_hide: tuple[str, ...] = ()  # host paths the sandbox never shows (the portal's data folder)
     egress_dir: str | None = None  # the node's egress proxy folder (agents/egress.py); None: outbound off
     device_dir: str = "/dev"  # where the GPU's device nodes are (a folder of stand-ins for a fake fleet)
@@ -99,6 +100,12 @@ class RuntimeOptions:
         if self.homes_root is None:
             return self.state_dir / "sandbox-uids.json"
         return self.homes_root / SHARED_STATE_DIR / "sandbox-uids.json"
+
+    @property
+    def team_gid_table(self) -> Path:
+        """The team → group id table of the team folders, beside the uid table (so on a shared root every
+        node gives a team's folder one group)."""
+        return self.uid_table.with_name("team-gids.json")
 
 
 def _frozen(value: Any) -> Any:

@@ -149,6 +149,7 @@ class ProcessRuntime(Runtime):
         self._children: dict[int, subprocess.Popen] = {}  # launchers this agent process started
         self._probed: str | None = None
         self.uids = sandbox.UidPool(options.uid_table, options.sandbox_uids)
+        self.team_gids = sandbox.UidPool(options.team_gid_table, options.team_gids, option="--team-gids")
 
     def sandbox_in_use(self) -> str:
         """``bwrap``, or ``none`` only when the operator passed ``--sandbox none`` (development)."""
@@ -172,6 +173,7 @@ class ProcessRuntime(Runtime):
             )
         uid = self.uids.for_user(spec.user) if mode == "bwrap" and os.geteuid() == 0 else None
         home, private = self._folders(spec, uid)
+        teams, groups = self._team_folders(spec, uid) if mode == "bwrap" else ([], [])
         inside = sandbox.PRIVATE_DIR if mode == "bwrap" else str(private)
         home_seen = sandbox.home_in_sandbox(spec.user) if mode == "bwrap" else str(home)
         try:
@@ -223,7 +225,16 @@ class ProcessRuntime(Runtime):
             env |= egress.proxy_env()
         if mode == "bwrap":
             command = self._sandboxed(
-                command, spec, plan, runs.kept, uid=uid, home=home, private=private, preload_file=preload_file
+                command,
+                spec,
+                plan,
+                runs.kept,
+                uid=uid,
+                home=home,
+                private=private,
+                preload_file=preload_file,
+                teams=teams,
+                groups=groups,
             )
         limits = self._limits(spec)
         run_dir = private.parent
@@ -266,6 +277,22 @@ class ProcessRuntime(Runtime):
             sandbox.own(private, uid)
         return home, private
 
+    def _team_folders(self, spec: WorkloadSpec, uid: int | None) -> tuple[list[sandbox.TeamMount], list[int]]:
+        """The spec's team folders, made or put right (``sandbox.team_folder``), with the supplementary
+        groups the tenant needs: each folder's group, read-only ones too (a 2770 folder is unreadable
+        without it; the read-only bind refuses the writes). A ``teams`` link in the home shows them."""
+        if not spec.teams:
+            return [], []
+        mounts, groups = [], []
+        for team in spec.teams:
+            gid = self.team_gids.for_user(team.key) if uid is not None else None
+            folder = sandbox.team_folder(self.options.homes, team.key, gid)
+            mounts.append(sandbox.TeamMount(str(folder), team.name, team.read_only))
+            if gid is not None:
+                groups.append(gid)
+        sandbox.teams_link(self.options.homes / spec.user, uid)
+        return mounts, groups
+
     def _sandboxed(
         self,
         command: list[str],
@@ -277,6 +304,8 @@ class ProcessRuntime(Runtime):
         home: Path,
         private: Path,
         preload_file: str | None,
+        teams: list[sandbox.TeamMount],
+        groups: list[int],
     ) -> list[str]:
         return sandbox.bwrap_command(
             bwrap=shutil.which("bwrap") or "bwrap",
@@ -295,6 +324,8 @@ class ProcessRuntime(Runtime):
             preload_file=preload_file,
             egress_dir=self.options.egress_dir,
             read_only={str(LABEXTENSIONS_DIR): LABEXTENSIONS_IN_WORKLOAD},
+            teams=teams,
+            groups=groups,
         )
 
     def _launch(

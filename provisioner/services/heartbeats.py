@@ -21,6 +21,7 @@ from django.db.models.functions import Greatest
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from billing.models import Account
 from billing.services.metering import meter_alive
 from core.errors import Conflict, ValidationFailed
 from provisioner.catalog_cache import catalog_changed
@@ -177,6 +178,31 @@ def homes_clean(value, *, now: datetime) -> dict[int, dict]:
                 "files": figures[1],
                 "measured_at": at,
             }
+    return cleaned
+
+
+_TEAM_KEY = re.compile(r"[0-9]{1,18}")
+
+
+def team_folders_clean(value, *, now: datetime) -> dict[int, dict]:
+    """The ``team_folders`` report (docs/AGENT_PROTOCOL.md) by team account id, the newest entry of
+    each, garbage dropped as ``homes_clean`` drops it (the heartbeat is never refused for it). Whether
+    each id is a team's account is checked on recording."""
+    cleaned: dict[int, dict] = {}
+    for entry in value[:MAX_HOMES] if isinstance(value, list) else []:
+        if not isinstance(entry, dict) or not isinstance(entry.get("team"), str):
+            continue
+        at = _instant(entry.get("measured_at"))
+        figures = [_count(entry.get(k)) for k in ("bytes", "files")]
+        if (
+            not _TEAM_KEY.fullmatch(entry["team"])
+            or at is None
+            or any(f is None or f > _MAX_BIGINT for f in figures)
+        ):
+            continue
+        account_id, at = int(entry["team"]), min(at, now)
+        if account_id not in cleaned or cleaned[account_id]["measured_at"] < at:
+            cleaned[account_id] = {"bytes": figures[0], "files": figures[1], "measured_at": at}
     return cleaned
 
 
@@ -440,6 +466,33 @@ def _record_homes(node: Node, homes: dict[int, dict]) -> None:
             )
 
 
+_TEAM_FOLDER_USAGE_SQL = """
+INSERT INTO provisioner_teamfolderusage (account_id, bytes, files, measured_at, node_id) VALUES {rows}
+ON CONFLICT (account_id) DO UPDATE
+SET bytes = EXCLUDED.bytes, files = EXCLUDED.files, measured_at = EXCLUDED.measured_at,
+    node_id = EXCLUDED.node_id
+WHERE provisioner_teamfolderusage.measured_at < EXCLUDED.measured_at
+"""
+
+
+def _record_team_folders(node: Node, folders: dict[int, dict]) -> None:
+    """Store each team folder's figures unless a newer measurement is stored (one statement, as
+    ``_record_homes``). An id that is not a team account's is ignored."""
+    if not folders:
+        return
+    teams = Account.objects.filter(pk__in=list(folders), kind=Account.Kind.TEAM).values_list("pk", flat=True)
+    rows = [
+        (pk, folders[pk]["bytes"], folders[pk]["files"], folders[pk]["measured_at"], node.pk)
+        for pk in sorted(teams)
+    ]
+    if rows:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                _TEAM_FOLDER_USAGE_SQL.format(rows=", ".join(["(%s, %s, %s, %s, %s)"] * len(rows))),
+                [figure for row in rows for figure in row],
+            )
+
+
 _PRUNE_SQL = """
 DELETE FROM provisioner_devicesample WHERE id IN (
     SELECT id FROM (
@@ -672,10 +725,11 @@ def heartbeat_record(*, node: Node, body) -> HeartbeatAnswer:
     Validates first (ValidationFailed, nothing written); in one transaction: locks the node row, checks
     that no reported device UUID belongs to another node (Conflict, nothing written), upserts devices,
     records metrics (keeping the last DEVICE_SAMPLES_KEPT per device), applies workload states to
-    sessions (conditional transitions, meters alive/open/close), stores the homes' measured usage (the
-    newest measurement of each wins; garbage entries dropped), the published interpreters the agent has
-    (``capabilities.environments``; the answer names them all, for the agent to check), and marks the
-    node seen (a node that was down comes back to the state it had). Safe to repeat.
+    sessions (conditional transitions, meters alive/open/close), stores the homes' and team folders'
+    measured usage (the newest measurement of each wins; garbage entries dropped), the published
+    interpreters the agent has (``capabilities.environments``; the answer names them all, for the agent
+    to check), and marks the node seen (a node that was down comes back to the state it had). Safe to
+    repeat.
     """
     body = heartbeat_validate(body)
     with transaction.atomic():
@@ -686,6 +740,7 @@ def heartbeat_record(*, node: Node, body) -> HeartbeatAnswer:
         device_util = _record_metrics(body.get("metrics") or {}, devices, now)
         _record_workloads(node, body.get("workloads", []), now, device_util)
         _record_homes(node, homes_clean(body.get("homes"), now=now))
+        _record_team_folders(node, team_folders_clean(body.get("team_folders"), now=now))
         node.last_heartbeat_at = now
         node.agent_version = str(body.get("agent_version") or "")[:32]
         node.runtime = str(body.get("runtime") or "")[:32]

@@ -55,7 +55,7 @@ from provisioner.placement import (
     nodes_reserved,
     reserve_node_pick,
 )
-from provisioner.quotas import quota_admit, quota_subjects
+from provisioner.quotas import quota_admit, quota_subjects, team_folders_admit
 from provisioner.sealing import new_token, seal
 from provisioner.selectors import home_nodes, queue_order, queue_served
 from provisioner.services.environments import environment_for_launch, environment_on_some_node, nodes_lacking
@@ -262,6 +262,7 @@ def session_launch(
             subjects=subjects,
         )
         account_can_launch(account=account, quote=spec.quote, gpu_model=spec.model_name)
+        team_folders, folder_warnings = team_folders_admit(user=user)
         # Placed before the session row is written (its foreign keys are checked at commit), so a
         # launch that finds room writes the session once, already placing.
         placed = _placement(
@@ -281,6 +282,8 @@ def session_launch(
             priority=priority,
             placed=placed,
             resume=resume,
+            team_folders=team_folders,
+            warnings=folder_warnings,
         )
         home_removals_cancel(user_id=user.pk)  # a launch is use: the home stays (docs/STORAGE.md)
         if placed:
@@ -380,9 +383,12 @@ def _launched_session_create(
     priority: int,
     placed: dict | None,
     resume: bool = False,
+    team_folders: list[dict] | None = None,
+    warnings: list[Message] = (),
 ) -> Session:
-    """Write an admitted session, placing or queued as ``placed`` says, with its first events; inside
-    the launch's transaction. ``resume`` holds only for an interruptible session."""
+    """Write an admitted session, placing or queued as ``placed`` says, with its first events (and a
+    ``storage`` event for each of ``warnings``); inside the launch's transaction. ``resume`` holds only
+    for an interruptible session; ``team_folders`` are the folders it mounts (``team_folders_admit``)."""
     now = timezone.now()
     session = Session.objects.create(
         id=session_id,
@@ -406,6 +412,7 @@ def _launched_session_create(
         resume=resume and spec.tier == Session.Tier.INTERRUPTIBLE,
         queued_at=now,
         placed_at=now if placed else None,
+        team_folders=team_folders or [],
         **(placed["fields"] if placed else {}),
     )
     launched = SessionEvent(
@@ -428,7 +435,8 @@ def _launched_session_create(
             kind="queue",
             **event_fields(message("no_room", gpu_model=spec.model_name, profile=spec.profile.name)),
         )
-    SessionEvent.objects.bulk_create([launched, then])
+    storage = [SessionEvent(session=session, kind="storage", **event_fields(line)) for line in warnings]
+    SessionEvent.objects.bulk_create([launched, *storage, then])
     return session
 
 
@@ -603,8 +611,10 @@ def _resumed_session_create(*, preempted_id) -> Session:
     owner, account, GPU model, profile, environment, limits and locked price, linked to the preempted
     one (``resumed_from``), placed by the queue when free capacity allows. A new row rather than the
     old one back to queued: states only move forward, the meter of a session is closed at its stop, and
-    each run keeps its own history and bill. Inside ``session_end``'s transaction."""
-    old = Session.objects.get(id=preempted_id)
+    each run keeps its own history and bill. Its team folders are decided again, as at a launch (the
+    owner's teams, and the folders' quotas, may have changed). Inside ``session_end``'s transaction."""
+    old = Session.objects.select_related("owner").get(id=preempted_id)
+    team_folders, folder_warnings = team_folders_admit(user=old.owner)
     now = timezone.now()
     new = Session.objects.create(
         owner_id=old.owner_id,
@@ -625,6 +635,7 @@ def _resumed_session_create(*, preempted_id) -> Session:
         resume=True,
         resumed_from=old,
         queued_at=now,
+        team_folders=team_folders,
     )
     SessionEvent.objects.bulk_create(
         [
@@ -634,6 +645,7 @@ def _resumed_session_create(*, preempted_id) -> Session:
                 to_state=S.QUEUED,
                 **event_fields(message("resumed_from", session=str(old.id)[:8])),
             ),
+            *(SessionEvent(session=new, kind="storage", **event_fields(line)) for line in folder_warnings),
             SessionEvent(
                 session=old, kind="resume", **event_fields(message("resumed_as", session=str(new.id)[:8]))
             ),

@@ -41,6 +41,8 @@ def test_bad_options(tmp_path, token_file):
     _one_line_error(_run("--token-file", str(tmp_path / "missing"), "--state-dir", str(tmp_path)), "missing")
     _one_line_error(_run(*base, "--heartbeat-seconds", "soon"), "heartbeat")
     _one_line_error(_run(*base, "--homes-root", str(tmp_path / "unmounted")), "--homes-root", "not a folder")
+    _one_line_error(_run(*base, "--team-gids", "70000"), "--team-gids", "FIRST-LAST")
+    _one_line_error(_run(*base, "--team-gids", "64000-70000"), "--team-gids", "overlaps --sandbox-uids")
 
 
 def _nvml_initialises() -> bool:

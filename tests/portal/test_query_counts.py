@@ -15,7 +15,7 @@ from notices.services import notify
 from portal.models import Membership, Team, User
 from portal.services import user_create
 from provisioner.demo import ENVIRONMENT
-from provisioner.models import HomeUsage
+from provisioner.models import HomeUsage, TeamFolderUsage
 from provisioner.services.sessions import session_launch
 
 pytestmark = pytest.mark.django_db
@@ -67,6 +67,10 @@ def _grow(users: dict[str, User], rounds: int) -> None:
                 max_hours=None, idle_minutes=None, idempotency_key=key,
             )  # fmt: skip
     team = Team.objects.get(slug="vision-lab")
+    # a measured team folder: the dashboard's line for each of the user's teams, and the team page's
+    TeamFolderUsage.objects.update_or_create(
+        account=team.account, defaults={"bytes": 2**30, "files": 1000 + rounds, "measured_at": timezone.now()}
+    )
     for index in range(rounds):
         member = user_create(username=f"member-{rounds}-{index}", email=f"m{rounds}{index}@example.com",
                              password="pw-123456789")  # fmt: skip

@@ -427,6 +427,9 @@ MATRIX: dict[tuple[str, str], list[Probe]] = {
     ),
     ("DELETE", "/api/v1/teams/{slug}/members/{user_id}"): _member_probes("DELETE", ""),
     ("PUT", "/api/v1/teams/{slug}/members/{user_id}/cap"): _member_probes("PUT", "/cap", lambda w: CAP),
+    ("PUT", "/api/v1/teams/{slug}/members/{user_id}/folder"): _member_probes(
+        "PUT", "/folder", lambda w: {"read_only": False}
+    ),
     ("GET", "/api/v1/notices/"): [Probe("GET", lambda w: "/api/v1/notices/", expect=200)],
     ("POST", "/api/v1/notices/read-all"): [Probe("POST", lambda w: "/api/v1/notices/read-all", expect=200)],
     ("POST", "/api/v1/notices/{notice_id}/read"): [

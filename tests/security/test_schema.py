@@ -134,6 +134,10 @@ def test_answers_with_real_data_match_the_schema(db, in_process_requests, settin
     cap = {"max_eighths": 2, "monthly_spend_cap_micros": None}
     path = "/api/v1/teams/{slug}/members/{user_id}"
     _documented("PUT", path + "/cap", lead, expect=200, path_parameters=user_id, body=cap)
+    folder = {"read_only": True}
+    assert _documented("PUT", path + "/folder", lead, expect=200, path_parameters=user_id, body=folder)[
+        "folder_read_only"
+    ]
     _documented("PUT", path, lead, expect=200, path_parameters=user_id, body={"role": "admin"})
     _documented("DELETE", path, lead, expect=204, path_parameters=user_id)
 

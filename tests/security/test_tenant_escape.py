@@ -24,7 +24,7 @@ import pytest
 from django.test import Client
 
 from conftest import ROOT, subprocess_env
-from portal.services import access_token_create
+from portal.services import access_token_create, team_create
 from provisioner.models import Allocation, Device, Node
 from provisioner.selectors import workload_user
 from provisioner.services.nodes import node_enroll
@@ -276,9 +276,17 @@ def test_tenant_code_cannot_escape_its_sandbox(remote_node):
     ns, state, homes = remote_node["ns"], remote_node["state"], remote_node["homes"]
     alice, bob = make_user("alice"), make_user("bob")
     alice_home, bob_home = workload_user(alice), workload_user(bob)
+    # bob's team has a shared folder; alice, in a team of her own, holds her team's group, not bob's
+    bobs_team, alices_team = (
+        team_create(creator=bob, name="Bob Lab"),
+        team_create(creator=alice, name="Alice Lab"),
+    )
     victim = _running(_api(remote_node["portal"], bob))
     attacker = _running(_api(remote_node["portal"], alice))
     (homes / bob_home / "secret.txt").write_text("bob's work")
+    bobs_folder = homes / ".teams" / str(bobs_team.account_id)
+    (bobs_folder / "plan.txt").write_text("bob's team's plan")
+    mine = f"/home/teams/{alices_team.slug}/mine.txt"
     device = Allocation.objects.select_related("device").get(session_id=attacker["id"]).device
     data = ROOT / ".data"
     targets = {
@@ -288,9 +296,23 @@ def test_tenant_code_cannot_escape_its_sandbox(remote_node):
             str(state / "run" / victim["id"] / "private" / "jupyter_server_config.json"),
             str(homes / bob_home / "secret.txt"),  # another home, at its host path on the shared root
             str(homes / ".suanli" / "sandbox-uids.json"),
+            str(homes / ".suanli" / "team-gids.json"),
+            str(bobs_folder / "plan.txt"),  # another team's folder, at its host path
+            f"/home/teams/{bobs_team.slug}/plan.txt",  # and where bob's sessions see it
             "/etc/shadow",
         ],
-        "list": [str(state), str(homes), str(homes / bob_home), str(data), "/root", "/home"],
+        "list": [
+            str(state),
+            str(homes),
+            str(homes / bob_home),
+            str(data),
+            "/root",
+            "/home",
+            str(homes / ".teams"),
+            str(bobs_folder),
+            f"/home/teams/{bobs_team.slug}",
+            "/home/teams",
+        ],  # fmt: skip
         "tcp": [
             [ns.node_address, AGENT_PORT],  # the agent API, at the node's address
             ["127.0.0.1", AGENT_PORT],
@@ -310,6 +332,9 @@ def test_tenant_code_cannot_escape_its_sandbox(remote_node):
             str(ROOT / "suanli-probe"),
             f"/home/{alice_home}/mine.txt",
             "/tmp/mine.txt",
+            str(bobs_folder / "mine.txt"),
+            f"/home/teams/{bobs_team.slug}/mine.txt",
+            mine,  # her own team's folder
         ],
     }
     site = remote_node["internet"].node_address
@@ -331,14 +356,26 @@ def test_tenant_code_cannot_escape_its_sandbox(remote_node):
     assert all(result != "read" for result in seen["read"].values()), seen["read"]
     interpreter = os.path.realpath(sys.executable)  # kept readable: pyenv's lives under /root
     shown_in_root = [interpreter.split("/")[2]] if interpreter.startswith("/root/") else []
+    team_folders = {"/home": sorted([alice_home, "teams"]), "/home/teams": [alices_team.slug]}
     for path, listed in seen["list"].items():
         allowed = ([], "FileNotFoundError", [alice_home], *([shown_in_root] if path == "/root" else []))
-        assert listed in allowed, (path, listed)
-    assert seen["list"]["/home"] == [alice_home]  # its own home, nobody else's
+        assert listed in allowed or listed == team_folders.get(path), (path, listed)
+    assert seen["list"]["/home"] == sorted([alice_home, "teams"])  # its own home, nobody else's
+    assert seen["list"]["/home/teams"] == [alices_team.slug]  # its own team's folder, no other team's
+    bobs_gid, alices_gid = (
+        bobs_folder.stat().st_gid,
+        (homes / ".teams" / str(alices_team.account_id)).stat().st_gid,
+    )
+    assert alices_gid in seen["groups"] and bobs_gid not in seen["groups"]
     assert all(result != "connected" for result in seen["tcp"].values()), seen["tcp"]
     assert all(result != "connected" for result in seen["unix"].values()), seen["unix"]
     written = {path: result for path, result in seen["write"].items() if result == "written"}
-    assert written == {f"/home/{alice_home}/mine.txt": "written", "/tmp/mine.txt": "written"}, seen["write"]
+    assert written == {
+        f"/home/{alice_home}/mine.txt": "written",
+        "/tmp/mine.txt": "written",
+        mine: "written",
+    }, seen["write"]
+    assert sorted(p.name for p in bobs_folder.iterdir()) == ["plan.txt"]
     assert not (ROOT / "suanli-probe").exists()
     assert (homes / alice_home / "mine.txt").read_text() == "x"
     assert not any(victim["id"] in line for line in seen["processes"]), "sees the other session's processes"
