@@ -40,7 +40,9 @@ def _launch(user, account=None) -> Session:
 
 @pytest.fixture
 def lab(catalog):
-    """Vision Lab: alice owns it, bob writes, carol only reads; dave is in no team."""
+    """Vision Lab: alice owns it, bob writes, carol only reads; dave is in no team. One node, so that
+    the launches' environment is on some node."""
+    make_node(gpus=[])  # no GPU: the preemption test keeps its one A100 contended
     alice, bob, carol, dave = (make_user(n) for n in ("alice", "bob", "carol", "dave"))
     team = team_create(creator=alice, name="Vision Lab")
     Membership.objects.create(team=team, user=bob)
