@@ -40,14 +40,19 @@ def build_heartbeat(
     tools: HostGpuTools | None = None,
     activity: Mapping[str, dict] | None = None,
     homes: list[dict] | None = None,
+    interfaces: Iterable[str] = ("jupyterlab",),
 ) -> dict:
     """The heartbeat's body; ``activity`` is ``Workloads.activity()``, which the running workloads'
     statuses carry with their GPU figures, and ``homes`` the homes measured since the portal last had
-    their figures (``HomeMeter.pending``; docs/AGENT_PROTOCOL.md)."""
+    their figures (``HomeMeter.pending``; docs/AGENT_PROTOCOL.md); ``interfaces`` what its workloads can
+    serve (``jupyterlab``, and ``vscode`` where code-server is installed)."""
     activity = activity or {}
     metrics, per_session = reader.metrics(pids_by_session, gpu_of_session)
     body = {
-        "capabilities": {"sharing_policies": served_policies(tools or HostGpuTools())},
+        "capabilities": {
+            "sharing_policies": served_policies(tools or HostGpuTools()),
+            "interfaces": list(interfaces),
+        },
         "agent_version": __version__,
         "listen_url": listen_url,
         "runtime": runtime,
@@ -151,6 +156,7 @@ class Heartbeats(threading.Thread):
             tools=workloads.tools,
             activity=workloads.activity(children),
             homes=homes,
+            interfaces=workloads.runtime.options.interfaces,
         )
         try:
             answer = post_heartbeat(self.portal, self.token, body)

@@ -19,6 +19,9 @@ SESSION_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 TOKEN_RE = re.compile(r"^[\x21-\x7e]{8,256}$")
 BASE_URL_RE = re.compile(r"^/(?:[A-Za-z0-9_.~-]+/)*$")
+# What a workload serves its user: JupyterLab, or VS Code in the browser (code-server, agents/editors).
+INTERFACES = ("jupyterlab", "vscode")
+DEFAULT_INTERFACE = "jupyterlab"
 
 
 class SpecError(ValueError):
@@ -32,6 +35,8 @@ class Environment:
     name: str
     python: str | None = None
     image: str | None = None
+    # optional in the spec; the default is left out of ``to_json`` (the fingerprint agents recorded before)
+    interface: str = DEFAULT_INTERFACE
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,8 @@ class WorkloadSpec:
         """The spec as the portal sends it: a one-device allocation without ``device_uuids`` (so its
         fingerprint is the one agents before multi-GPU sessions recorded)."""
         data = asdict(self)
+        if data["environment"]["interface"] == DEFAULT_INTERFACE:
+            del data["environment"]["interface"]
         allocation = data["allocation"]
         if allocation is not None:
             uuids = allocation.pop("device_uuids")
@@ -127,7 +134,11 @@ def _parse_environment(body: Mapping, errors: dict[str, str]) -> Environment | N
     if not isinstance(env, dict):
         errors["environment"] = "must be an object"
         return None
-    _check_keys(env, "environment.", ("name", "python", "image"), errors)
+    required = {k: v for k, v in env.items() if k != "interface"}  # interface is optional
+    _check_keys(required, "environment.", ("name", "python", "image"), errors)
+    interface = env.get("interface", DEFAULT_INTERFACE)
+    if interface not in INTERFACES:
+        errors["environment.interface"] = f"must be one of {', '.join(INTERFACES)}"
     if "name" in env and (not isinstance(env["name"], str) or not env["name"]):
         errors["environment.name"] = "must be a non-empty string"
     for key in ("python", "image"):
@@ -137,7 +148,7 @@ def _parse_environment(body: Mapping, errors: dict[str, str]) -> Environment | N
         errors["environment.python"] = "must be an absolute path or null"
     if any(k.startswith("environment.") for k in errors):
         return None
-    return Environment(env["name"], env["python"], env["image"])
+    return Environment(env["name"], env["python"], env["image"], interface)
 
 
 def _parse_allocation(body: Mapping, errors: dict[str, str]) -> Allocation | None:

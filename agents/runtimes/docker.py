@@ -168,6 +168,11 @@ class DockerRuntime(Runtime):
         return self._client
 
     def start(self, spec: WorkloadSpec, plan: GpuPlan) -> DockerHandle:
+        if spec.environment.interface != "jupyterlab":
+            raise RuntimeStartError(
+                "the docker runtime serves JupyterLab only (VS Code runs on the process runtime)",
+                code="environment_unusable",
+            )
         client = self.client()
         private = Path(self.options.state_dir) / "run" / spec.session_id / "private"
         if private.parent.exists():

@@ -42,12 +42,14 @@ from agents import egress, sandbox
 from agents.gpuplan import VGPU_LIB_TARGET, GpuPlan, enforcement
 from agents.runtimes import launcher
 from agents.runtimes.base import (
+    CODE_SERVER_ENTRY,
     JUPYTER_LAB_MAIN,
     LABEXTENSIONS_DIR,
     LABEXTENSIONS_IN_WORKLOAD,
     Runtime,
     RuntimeHandle,
     RuntimeStartError,
+    code_server_installed,
     jupyter_config,
     labextensions_option,
 )
@@ -56,6 +58,7 @@ from agents.spec import WorkloadSpec
 STOP_WAIT_SECONDS = 12.0
 SOCK_NAME = "jupyter.sock"
 CONFIG_NAME = "jupyter_server_config.json"  # in the private folder: the Jupyter token, mode 0600
+CODE_SERVER_CONFIG_NAME = "code-server.yaml"  # in the private folder: code-server's, written by itself
 EXIT_NAME = "exit.json"  # in the run folder: the launcher's record of how the workload ended
 LOG_NAME = "workload.log"
 SANDBOX_SOCK_DIR = "/run/jupyter"
@@ -122,6 +125,29 @@ def jupyter_command(
     ]
 
 
+def code_server_command(
+    node: str, code_server: str, *, sock: str, config_file: str, folder: str
+) -> list[str]:
+    """VS Code in the browser on the workload's Unix socket. No password of its own: only the agent's
+    gateway dials the socket, and the portal's proxy has authenticated the user (and refused a foreign
+    Origin) before. It serves at the socket's root with relative links, so the gateway strips the
+    session's base URL. Nothing calls home: no telemetry, no update check (which asks GitHub)."""
+    return [
+        node,
+        os.path.join(code_server, CODE_SERVER_ENTRY),
+        f"--socket={sock}",
+        "--socket-mode=600",
+        "--auth=none",
+        f"--config={config_file}",
+        "--disable-telemetry",
+        "--disable-update-check",
+        "--disable-workspace-trust",
+        "--disable-getting-started-override",
+        "--ignore-last-opened",
+        folder,
+    ]
+
+
 @dataclass(frozen=True, kw_only=True)
 class ProcessHandle(RuntimeHandle):
     """The process runtime's own: its launcher (the pid and its start time, against a recycled pid
@@ -168,6 +194,9 @@ class ProcessRuntime(Runtime):
             raise RuntimeStartError(
                 f"environment.python {python} is not an executable", code="environment_unusable"
             )
+        interface = spec.environment.interface
+        if interface == "vscode":  # refused before anything is made for it, too
+            node, code_server = self._code_server()
         uid = self.uids.for_user(spec.user) if mode == "bwrap" and os.geteuid() == 0 else None
         home, private = self._folders(spec, uid)
         inside = sandbox.PRIVATE_DIR if mode == "bwrap" else str(private)
@@ -175,15 +204,26 @@ class ProcessRuntime(Runtime):
         # path too long is bound through a short link to its folder.
         sock = f"{inside}/{SOCK_NAME}" if mode == "bwrap" else short_socket_path(private)
         home_seen = sandbox.home_in_sandbox(spec.user) if mode == "bwrap" else str(home)
-        command = jupyter_command(
-            python,
-            sock=sock,
-            base_url=spec.base_url,
-            root_dir=home_seen,
-            config_file=f"{inside}/{CONFIG_NAME}",
-            as_root=uid is None and os.geteuid() == 0,
-            labextensions=LABEXTENSIONS_IN_WORKLOAD if mode == "bwrap" else str(LABEXTENSIONS_DIR),
-        )
+        if interface == "vscode":
+            command = code_server_command(
+                node,
+                code_server,
+                sock=sock,
+                config_file=f"{inside}/{CODE_SERVER_CONFIG_NAME}",
+                folder=home_seen,
+            )
+            editor = [code_server, str(Path(os.path.realpath(node)).parent)]
+        else:
+            command = jupyter_command(
+                python,
+                sock=sock,
+                base_url=spec.base_url,
+                root_dir=home_seen,
+                config_file=f"{inside}/{CONFIG_NAME}",
+                as_root=uid is None and os.geteuid() == 0,
+                labextensions=LABEXTENSIONS_IN_WORKLOAD if mode == "bwrap" else str(LABEXTENSIONS_DIR),
+            )
+            editor = []
         env = {
             "PATH": f"{Path(python).parent}:/usr/local/bin:/usr/bin:/bin",
             "HOME": home_seen,
@@ -205,7 +245,15 @@ class ProcessRuntime(Runtime):
             env |= egress.proxy_env()
         if mode == "bwrap":
             command = self._sandboxed(
-                command, spec, plan, python, uid=uid, home=home, private=private, preload_file=preload_file
+                command,
+                spec,
+                plan,
+                python,
+                uid=uid,
+                home=home,
+                private=private,
+                preload_file=preload_file,
+                editor=editor,
             )
         limits = self._limits(spec)
         run_dir = private.parent
@@ -216,6 +264,7 @@ class ProcessRuntime(Runtime):
             socket_path=str(private / SOCK_NAME),
             run_dir=str(run_dir),
             enforcement=enforcement(plan, device_isolated=mode == "bwrap", preload_pinned=bool(preload_file)),
+            interface=interface,
             pid=child.pid,
             pid_start_ticks=process_start_ticks(child.pid),
             exit_file=str(run_dir / EXIT_NAME),
@@ -259,7 +308,9 @@ class ProcessRuntime(Runtime):
         home: Path,
         private: Path,
         preload_file: str | None,
+        editor: list[str] = (),
     ) -> list[str]:
+        """``editor``: code-server's folder and node's, shown read-only (a vscode workload)."""
         return sandbox.bwrap_command(
             bwrap=shutil.which("bwrap") or "bwrap",
             user=spec.user,
@@ -272,6 +323,7 @@ class ProcessRuntime(Runtime):
             kept=[
                 str(Path(python).parent.parent),
                 str(Path(os.path.realpath(python)).parent.parent),
+                *editor,
                 *(m.source for m in plan.mounts if m.read_only),
             ],
             writable=[m.source for m in plan.mounts if not m.read_only],
@@ -282,6 +334,19 @@ class ProcessRuntime(Runtime):
             egress_dir=self.options.egress_dir,
             read_only={str(LABEXTENSIONS_DIR): LABEXTENSIONS_IN_WORKLOAD},
         )
+
+    def _code_server(self) -> tuple[str, str]:
+        """node and the code-server folder for a vscode workload; RuntimeStartError when this node has
+        none (agents/editors/install.sh was not run)."""
+        folder = self.options.code_server
+        node = shutil.which("node")
+        if not code_server_installed(folder) or node is None:
+            raise RuntimeStartError(
+                f"this node has no code-server for VS Code environments ({folder or 'none configured'}; "
+                "agents/editors/install.sh installs it)",
+                code="environment_unusable",
+            )
+        return node, str(folder)
 
     def _launch(
         self, command: list[str], env: dict[str, str], *, run_dir: Path, limits: dict
