@@ -79,9 +79,15 @@ class Profile(models.Model):
 
 
 class Environment(models.Model):
-    """A software stack: a Python for the process runtime, an image for docker."""
+    """A software stack: a Python for the process runtime, an image for docker, and what the session
+    serves in the browser (JupyterLab, or VS Code: code-server, process runtime only)."""
+
+    class Interface(models.TextChoices):
+        JUPYTERLAB = "jupyterlab", _("JupyterLab")
+        VSCODE = "vscode", _("VS Code")
 
     name = models.CharField(max_length=64, unique=True)
+    interface = models.CharField(max_length=16, choices=Interface.choices, default=Interface.JUPYTERLAB)
     python = models.CharField(max_length=300, blank=True, help_text="Absolute path (process runtime).")
     image = models.CharField(max_length=300, blank=True, help_text="Container image (docker runtime).")
     cpu_cores = models.FloatField(default=2.0)
@@ -108,6 +114,8 @@ class Node(models.Model):
     state = models.CharField(max_length=10, choices=State.choices, default=State.ACTIVE)
     state_before_down = models.CharField(max_length=10, choices=State.choices, blank=True)
     labels = models.JSONField(default=dict, blank=True)
+    # what its workloads can serve, from its heartbeat's capabilities (jupyterlab; vscode with code-server)
+    interfaces = models.JSONField(default=list, blank=True)
     agent_version = models.CharField(max_length=32, blank=True)
     runtime = models.CharField(max_length=32, blank=True)
     driver_version = models.CharField(max_length=32, blank=True)

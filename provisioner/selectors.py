@@ -70,10 +70,19 @@ def workload_spec(session: Session) -> dict:
         "user": workload_user(session.owner),
         "token": unseal(session.jupyter_token_sealed),
         "base_url": session.base_url,
-        "environment": {"name": env.name, "python": env.python or None, "image": env.image or None},
+        "environment": _environment_spec(env),
         "allocation": allocation,
         "limits": {"cpu_cores": float(env.cpu_cores), "memory_mib": int(env.memory_mib)},
     }
+
+
+def _environment_spec(env: Environment) -> dict:
+    """The spec's environment; ``interface`` only for VS Code (a JupyterLab spec is the one agents
+    before the interface knew, so its fingerprint is unchanged)."""
+    spec = {"name": env.name, "python": env.python or None, "image": env.image or None}
+    if env.interface != Environment.Interface.JUPYTERLAB:
+        spec["interface"] = env.interface
+    return spec
 
 
 def desired_workloads(*, node: Node) -> list[dict]:
@@ -138,7 +147,10 @@ WELCOME_NOTEBOOK = "Welcome.ipynb"
 
 
 def session_lab_url(session: Session) -> str:
-    """The browser's way into a running session's JupyterLab, through the portal's proxy."""
+    """The browser's way into a running session's JupyterLab (or VS Code, which opens on the home
+    folder by itself), through the portal's proxy."""
+    if session.environment.interface == Environment.Interface.VSCODE:
+        return session.base_url
     return f"{session.base_url}lab/tree/{WELCOME_NOTEBOOK}"
 
 
@@ -435,10 +447,7 @@ def catalog_build() -> dict:
             {"name": p.name, "kind": p.kind, "eighths": p.eighths, "gpu_count": p.gpu_count}
             for p in sorted(profiles.values(), key=lambda p: (p.kind, p.name))
         ],
-        "environments": [
-            {"name": e.name, "runtime": "docker" if e.image and not e.python else "process"}
-            for e in Environment.objects.filter(enabled=True).order_by("name")
-        ],
+        "environments": environments_offered(),
         "as_of": timezone.now().isoformat(),
     }
 
@@ -482,3 +491,21 @@ def quota_usage(*, user) -> dict:
             }
         )
     return answer
+
+
+def environments_offered() -> list[dict]:
+    """The enabled environments a launch may name: a VS Code one only while an active node reports that
+    it serves VS Code (its agent found code-server; agents/editors/install.sh)."""
+    interfaces = {Environment.Interface.JUPYTERLAB.value}
+    for served in Node.objects.filter(state=Node.State.ACTIVE).values_list("interfaces", flat=True):
+        if isinstance(served, list):
+            interfaces.update(i for i in served if isinstance(i, str))
+    return [
+        {
+            "name": e.name,
+            "runtime": "docker" if e.image and not e.python else "process",
+            "interface": e.interface,
+        }
+        for e in Environment.objects.filter(enabled=True).order_by("name")
+        if e.interface in interfaces
+    ]

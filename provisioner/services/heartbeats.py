@@ -30,6 +30,7 @@ from provisioner.models import (
     Allocation,
     Device,
     DeviceSample,
+    Environment,
     GpuModel,
     Node,
     Session,
@@ -261,7 +262,16 @@ def _capabilities_errors(capabilities) -> dict[str, str]:
     policies = capabilities.get("sharing_policies", []) if isinstance(capabilities, dict) else None
     if not isinstance(policies, list) or not all(isinstance(p, str) for p in policies):
         return {"capabilities": "must be an object whose sharing_policies is a list of strings"}
+    interfaces = capabilities.get("interfaces", [])
+    if not isinstance(interfaces, list) or not all(isinstance(i, str) for i in interfaces):
+        return {"capabilities.interfaces": "must be a list of strings"}
     return {}
+
+
+def _interfaces_served(capabilities) -> list[str]:
+    """What the node's workloads can serve; an agent from before the interfaces serves JupyterLab."""
+    reported = (capabilities or {}).get("interfaces") or ["jupyterlab"]
+    return sorted({i for i in reported if i in Environment.Interface.values})
 
 
 SAMPLE_FIGURES = (
@@ -686,6 +696,10 @@ def heartbeat_record(*, node: Node, body) -> HeartbeatAnswer:
         node.driver_version = str(body["inventory"].get("driver_version") or "")[:32]
         node.cuda_version = str(body["inventory"].get("cuda_version") or "")[:32]
         fields = ["last_heartbeat_at", "agent_version", "runtime", "driver_version", "cuda_version"]
+        interfaces = _interfaces_served(body.get("capabilities"))
+        if interfaces != node.interfaces:  # rarely: an agent restarted with(out) code-server
+            node.interfaces = interfaces
+            fields.append("interfaces")  # a change the catalog is told of (its environments)
         if node.state == Node.State.DOWN:
             node.state = node.state_before_down or Node.State.ACTIVE
             node.state_before_down = ""
