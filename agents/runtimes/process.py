@@ -50,6 +50,7 @@ from agents.runtimes.base import (
     RuntimeHandle,
     RuntimeStartError,
     code_server_installed,
+    code_server_node,
     jupyter_config,
     labextensions_option,
 )
@@ -339,14 +340,13 @@ class ProcessRuntime(Runtime):
         """node and the code-server folder for a vscode workload; RuntimeStartError when this node has
         none (agents/editors/install.sh was not run)."""
         folder = self.options.code_server
-        node = shutil.which("node")
-        if not code_server_installed(folder) or node is None:
+        if not code_server_installed(folder):
             raise RuntimeStartError(
                 f"this node has no code-server for VS Code environments ({folder or 'none configured'}; "
                 "agents/editors/install.sh installs it)",
                 code="environment_unusable",
             )
-        return node, str(folder)
+        return code_server_node(folder), str(folder)
 
     def _launch(
         self, command: list[str], env: dict[str, str], *, run_dir: Path, limits: dict

@@ -14,7 +14,7 @@ import pytest
 
 from agents.gpuplan import GpuPlan
 from agents.runtimes import RuntimeOptions, RuntimeStartError, runtime_class
-from agents.runtimes.base import CODE_SERVER_DIR, code_server_installed
+from agents.runtimes.base import CODE_SERVER_DIR, code_server_installed, code_server_node
 from agents.spec import SpecError, parse_spec
 from tests.agents.conftest import NODE_TOKEN, alive, process_tree, wait_for, workload_spec
 
@@ -77,7 +77,6 @@ def _cmdline(pid: int) -> str:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not code_server_installed(CODE_SERVER_DIR), reason=NO_CODE_SERVER)
-@pytest.mark.skipif(shutil.which("node") is None, reason="node is not on PATH")
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")
 def test_code_server_runs_sandboxed_and_answers_through_the_gateway(start_agent, tmp_path):
     agent = start_agent(tmp_path / "state", "--sandbox", "bwrap")
@@ -112,7 +111,8 @@ def test_code_server_runs_sandboxed_and_answers_through_the_gateway(start_agent,
     # code-server and everything it started run as the user's sandbox uid, never as the agent's
     record = json.loads((agent.state_dir / "workloads" / "vscode-1.json").read_text())
     tree = process_tree(record["runtime_state"]["pid"])
-    servers = [pid for pid in tree if _cmdline(pid).split(" ")[0].endswith("/node")]  # not bwrap's
+    node = code_server_node(CODE_SERVER_DIR)  # the node install.sh put beside it
+    servers = [pid for pid in tree if _cmdline(pid).split(" ")[0] == node]  # not bwrap's, which names it too
     assert servers, [_cmdline(pid) for pid in tree]
     assert {_uid(pid) for pid in servers} == {record["runtime_state"]["uid"]}
     assert record["runtime_state"]["uid"] != 0

@@ -24,7 +24,7 @@ import httpx
 import pytest
 from django.test import Client
 
-from agents.runtimes.base import CODE_SERVER_DIR, CODE_SERVER_ENTRY, code_server_installed
+from agents.runtimes.base import CODE_SERVER_DIR, CODE_SERVER_ENTRY, code_server_installed, code_server_node
 from conftest import ROOT, subprocess_env
 from portal.services import access_token_create
 from provisioner.models import Allocation, Device, Environment, Node
@@ -418,7 +418,8 @@ def test_tenant_code_cannot_escape_a_vscode_sandbox(remote_node):
 
     record = json.loads((state / "workloads" / f"{attacker['id']}.json").read_text())
     tree = process_tree(record["runtime_state"]["pid"])
-    (server,) = (pid for pid in tree if _argv(pid)[:2] == [shutil.which("node"), _entry()])
+    node_binary = code_server_node(CODE_SERVER_DIR)
+    (server,) = (pid for pid in tree if _argv(pid)[:2] == [node_binary, _entry()])
     uid = os.stat(f"/proc/{server}").st_uid
     assert uid == record["runtime_state"]["uid"] != 0
     environ = Path(f"/proc/{server}/environ").read_bytes().decode().split("\0")
