@@ -196,8 +196,7 @@ class ProcessRuntime(Runtime):
                 f"environment.python {python} is not an executable", code="environment_unusable"
             )
         interface = spec.environment.interface
-        if interface == "vscode":  # refused before anything is made for it, too
-            node, code_server = self._code_server()
+        editor = self._code_server() if interface == "vscode" else None  # refused before anything is made
         uid = self.uids.for_user(spec.user) if mode == "bwrap" and os.geteuid() == 0 else None
         home, private = self._folders(spec, uid)
         inside = sandbox.PRIVATE_DIR if mode == "bwrap" else str(private)
@@ -205,15 +204,9 @@ class ProcessRuntime(Runtime):
         # path too long is bound through a short link to its folder.
         sock = f"{inside}/{SOCK_NAME}" if mode == "bwrap" else short_socket_path(private)
         home_seen = sandbox.home_in_sandbox(spec.user) if mode == "bwrap" else str(home)
-        if interface == "vscode":
-            command = code_server_command(
-                node,
-                code_server,
-                sock=sock,
-                config_file=f"{inside}/{CODE_SERVER_CONFIG_NAME}",
-                folder=home_seen,
-            )
-            editor = [code_server, str(Path(os.path.realpath(node)).parent)]
+        if editor is not None:
+            config = f"{inside}/{CODE_SERVER_CONFIG_NAME}"
+            command = code_server_command(*editor, sock=sock, config_file=config, folder=home_seen)
         else:
             command = jupyter_command(
                 python,
@@ -224,7 +217,6 @@ class ProcessRuntime(Runtime):
                 as_root=uid is None and os.geteuid() == 0,
                 labextensions=LABEXTENSIONS_IN_WORKLOAD if mode == "bwrap" else str(LABEXTENSIONS_DIR),
             )
-            editor = []
         env = {
             "PATH": f"{Path(python).parent}:/usr/local/bin:/usr/bin:/bin",
             "HOME": home_seen,
@@ -246,15 +238,7 @@ class ProcessRuntime(Runtime):
             env |= egress.proxy_env()
         if mode == "bwrap":
             command = self._sandboxed(
-                command,
-                spec,
-                plan,
-                python,
-                uid=uid,
-                home=home,
-                private=private,
-                preload_file=preload_file,
-                editor=editor,
+                command, spec, plan, python, uid=uid, home=home, private=private, preload_file=preload_file
             )
         limits = self._limits(spec)
         run_dir = private.parent
@@ -309,9 +293,12 @@ class ProcessRuntime(Runtime):
         home: Path,
         private: Path,
         preload_file: str | None,
-        editor: list[str] = (),
     ) -> list[str]:
-        """``editor``: code-server's folder and node's, shown read-only (a vscode workload)."""
+        # a vscode workload also needs code-server's folder and its node's, read-only
+        editor = []
+        if spec.environment.interface == "vscode":
+            node, code_server = self._code_server()
+            editor = [code_server, str(Path(os.path.realpath(node)).parent)]
         return sandbox.bwrap_command(
             bwrap=shutil.which("bwrap") or "bwrap",
             user=spec.user,
