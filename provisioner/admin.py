@@ -53,8 +53,8 @@ class ProfileAdmin(admin.ModelAdmin):
 
 @admin.register(Environment)
 class EnvironmentAdmin(admin.ModelAdmin):
-    list_display = ("name", "python", "image", "cpu_cores", "memory_mib", "enabled")
-    list_filter = ("enabled",)
+    list_display = ("name", "interface", "python", "image", "cpu_cores", "memory_mib", "enabled")
+    list_filter = ("enabled", "interface")
     search_fields = ("name", "python", "image")
 
 
