@@ -27,6 +27,7 @@ from agents.home_usage import HomeMeter
 from agents.nvml import GpuReader, nvml_source
 from agents.nvml.fleet import FleetError
 from agents.runtimes import Runtime, RuntimeOptions, runtime_class, runtime_names
+from agents.runtimes.base import CODE_SERVER_DIR
 from agents.sandbox import parse_uid_range
 from agents.server import AgentServer, make_server
 from agents.workloads import Workloads
@@ -117,6 +118,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vgpu-lib", default=_env("VGPU_LIB", "/usr/local/vgpu/libvgpu.so"), help="HAMi-core lib")
     p.add_argument("--mps-control", default=_env("MPS_CONTROL", "nvidia-cuda-mps-control"))
     p.add_argument("--docker-image", default=_env("DOCKER_IMAGE", "quay.io/jupyter/base-notebook"))
+    p.add_argument(
+        "--code-server",
+        default=_env("CODE_SERVER", str(CODE_SERVER_DIR)),
+        help="process runtime: code-server's folder, for VS Code environments (agents/editors/install.sh "
+        "installs it at the default); without one this node offers JupyterLab only",
+    )
     p.add_argument("--start-timeout-seconds", type=float, default=float(_env("START_TIMEOUT_SECONDS", "120")))
     p.add_argument(
         "--log-level", default=_env("LOG_LEVEL", "info"), choices=["debug", "info", "warning", "error"]
@@ -276,6 +283,9 @@ def workload_runtime(args: argparse.Namespace, state_dir: Path) -> Runtime:
         device_dir=args.device_dir,
         egress_dir=str(state_dir / "egress") if sandboxed and args.outbound == "on" else None,
         default_image=args.docker_image,
+        code_server=Path(args.code_server).absolute()
+        if args.runtime == "process" and args.code_server
+        else None,
     )
     runtime = runtime_class(args.runtime)(options)
     if args.runtime == "process":

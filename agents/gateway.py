@@ -89,6 +89,15 @@ class Target:
     address: Address
     base_url: str
     token: str
+    # code-server (the vscode interface) serves at its socket's root, with relative links only: the
+    # session's base URL is taken off the path it is sent
+    strip_base_url: bool = False
+
+    def upstream_path(self, target: bytes) -> bytes:
+        """The request target as the workload expects it (the caller checked it is under base_url)."""
+        if not self.strip_base_url:
+            return target
+        return b"/" + target[len(self.base_url) :]
 
 
 class Upstream(Protocol):
@@ -124,7 +133,10 @@ def workload_target(workload: Any, runtime: Any) -> Target | None:
     except GatewayError:
         return None
     token = workload.token or runtime.jupyter_token(handle) or ""
-    return Target(address=address, base_url=workload.spec.get("base_url") or "/-/", token=token)
+    base_url = workload.spec.get("base_url") or "/-/"
+    return Target(
+        address=address, base_url=base_url, token=token, strip_base_url=handle.interface == "vscode"
+    )
 
 
 def _unix_connect_path(path: str) -> tuple[str, int | None]:

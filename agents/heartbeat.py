@@ -43,12 +43,14 @@ def build_heartbeat(
     activity: Mapping[str, dict] | None = None,
     homes: list[dict] | None = None,
     environments: list[str] | None = None,
+    interfaces: Iterable[str] = ("jupyterlab",),
 ) -> dict:
     """The heartbeat's body; ``activity`` is ``Workloads.activity()``, which the running workloads'
     statuses carry with their GPU figures, and ``homes`` the homes and team folders measured since the
     portal last had their figures (``HomeMeter.pending``; docs/AGENT_PROTOCOL.md): a home's go in
     ``homes``, a team folder's in ``team_folders``. ``environments``: the interpreters of the portal's
-    environments that this node has (``agents.environments.present``)."""
+    environments that this node has (``agents.environments.present``); ``interfaces`` what its workloads
+    can serve (``jupyterlab``, and ``vscode`` where code-server is installed)."""
     activity = activity or {}
     metrics, per_session = reader.metrics(pids_by_session, gpu_of_session)
     body = {
@@ -56,6 +58,7 @@ def build_heartbeat(
             "sharing_policies": served_policies(tools or HostGpuTools()),
             # the agent's own interpreter runs workloads too (an environment without one names it)
             "environments": sorted({sys.executable, *(environments or [])}),
+            "interfaces": list(interfaces),
         },
         "agent_version": __version__,
         "listen_url": listen_url,
@@ -166,6 +169,7 @@ class Heartbeats(threading.Thread):
             activity=workloads.activity(children),
             homes=homes,
             environments=present(self.environment_pythons),
+            interfaces=workloads.runtime.options.interfaces,
         )
         try:
             answer = post_heartbeat(self.portal, self.token, body)

@@ -363,7 +363,11 @@ class AgentServer:
         )
         try:
             head = gateway.request_head(
-                request.method, request.target, request.headers, target.token, websocket=True
+                request.method,
+                target.upstream_path(request.target),
+                request.headers,
+                target.token,
+                websocket=True,
             )
             upstream.send(request.method, head)
             await upstream.answer_head()
@@ -402,7 +406,7 @@ class AgentServer:
                 session_id, path, target, cached, pooled=True, fresh=fresh
             )
             head = gateway.request_head(
-                request.method, request.target, request.headers, target.token, framing
+                request.method, target.upstream_path(request.target), request.headers, target.token, framing
             )
             try:
                 upstream.send(request.method, head)

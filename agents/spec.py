@@ -23,6 +23,9 @@ BASE_URL_RE = re.compile(r"^/(?:[A-Za-z0-9_.~-]+/)*$")
 TEAM_KEY_RE = re.compile(r"^[0-9]{1,18}$")  # the team's account id: its folder's name under ``.teams``
 TEAM_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,99}$")  # the team's slug: where the sandbox shows it
 TEAMS_MAX = 64
+# What a workload serves its user: JupyterLab, or VS Code in the browser (code-server, agents/editors).
+INTERFACES = ("jupyterlab", "vscode")
+DEFAULT_INTERFACE = "jupyterlab"
 
 
 class SpecError(ValueError):
@@ -37,6 +40,8 @@ class Environment:
     python: str | None = None
     image: str | None = None
     home_prefix: str | None = None  # a user's own environment: a prefix in their home (agents/environments)
+    # optional in the spec; the default is left out of ``to_json`` (the fingerprint agents recorded before)
+    interface: str = DEFAULT_INTERFACE
 
 
 @dataclass(frozen=True)
@@ -77,6 +82,8 @@ class WorkloadSpec:
             del data["teams"]
         else:
             data["teams"] = [dict(team) for team in data["teams"]]
+        if data["environment"]["interface"] == DEFAULT_INTERFACE:
+            del data["environment"]["interface"]
         allocation = data["allocation"]
         if allocation is not None:
             uuids = allocation.pop("device_uuids")
@@ -182,8 +189,12 @@ def _parse_environment(body: Mapping, errors: dict[str, str]) -> Environment | N
     if not isinstance(env, dict):
         errors["environment"] = "must be an object"
         return None
-    named = {k: v for k, v in env.items() if k != "home_prefix"}  # optional: a user's own environment
+    # optional: a user's own environment (home_prefix), a workload that is not JupyterLab (interface)
+    named = {k: v for k, v in env.items() if k not in ("home_prefix", "interface")}
     _check_keys(named, "environment.", ("name", "python", "image"), errors)
+    interface = env.get("interface", DEFAULT_INTERFACE)
+    if interface not in INTERFACES:
+        errors["environment.interface"] = f"must be one of {', '.join(INTERFACES)}"
     if "name" in env and (not isinstance(env["name"], str) or not env["name"]):
         errors["environment.name"] = "must be a non-empty string"
     for key in ("python", "image"):
@@ -196,7 +207,7 @@ def _parse_environment(body: Mapping, errors: dict[str, str]) -> Environment | N
         errors["environment.home_prefix"] = why
     if any(k.startswith("environment.") for k in errors):
         return None
-    return Environment(env["name"], env["python"], env["image"], home_prefix)
+    return Environment(env["name"], env["python"], env["image"], home_prefix=home_prefix, interface=interface)
 
 
 def _parse_allocation(body: Mapping, errors: dict[str, str]) -> Allocation | None:

@@ -370,10 +370,11 @@ class Workloads:
                     ended.append(workload)
                 else:
                     workload.last_alive_at = now_iso()
-                    if ready and workload.token:  # runs once its welcome kernel is started
+                    if ready and workload.token and workload.handle.interface == "jupyterlab":
+                        # runs once its welcome kernel is started
                         workload.warming = True
                         warm.append(workload)
-                    elif ready:  # adopted, its token not re-sent yet: nothing to warm
+                    elif ready:  # code-server, or adopted with its token not re-sent yet: nothing to warm
                         workload.state = "running"
                     elif workload.state == "starting" and time.monotonic() > workload.start_deadline:
                         workload.state = "failed"
@@ -435,6 +436,8 @@ class Workloads:
         }
 
     def _jupyter_activity(self, workload: Workload) -> dict | None:
+        if workload.handle.interface != "jupyterlab":
+            return None  # code-server has no Jupyter API to ask
         token = workload.token or self.runtime.jupyter_token(workload.handle)
         return jupyter_activity(workload.handle, token)
 

@@ -57,10 +57,15 @@ class EnvironmentAdmin(admin.ModelAdmin):
     """Publishing goes through ``environment_publish`` (its price tier is audited); users' own
     environments are shown, not edited."""
 
-    list_display = ("name", "python", "image", "surcharge_micros_per_hour", "owner", "home_path", "enabled")
-    list_filter = ("enabled", ("owner", admin.EmptyFieldListFilter))
+    list_display = (
+        "name", "interface", "python", "image", "surcharge_micros_per_hour", "owner", "home_path", "enabled",
+    )  # fmt: skip
+    list_filter = ("enabled", "interface", ("owner", admin.EmptyFieldListFilter))
     search_fields = ("name", "python", "image", "owner__username")
-    fields = ("name", "python", "image", "surcharge_micros_per_hour", "cpu_cores", "memory_mib", "enabled")
+    fields = (
+        "name", "interface", "python", "image", "surcharge_micros_per_hour",
+        "cpu_cores", "memory_mib", "enabled",
+    )  # fmt: skip
 
     def get_readonly_fields(self, request, obj=None):
         if obj is not None and obj.owner_id:
@@ -75,6 +80,7 @@ class EnvironmentAdmin(admin.ModelAdmin):
             name=obj.name,
             python=obj.python,
             image=obj.image,
+            interface=obj.interface,
             surcharge_micros_per_hour=obj.surcharge_micros_per_hour,
             cpu_cores=obj.cpu_cores,
             memory_mib=obj.memory_mib,

@@ -50,7 +50,7 @@ def on_offer_saved(sender, **kwargs) -> None:
     catalog_changed()
 
 
-NODE_FIELDS_SHOWN = frozenset({"state", "labels", "name"})
+NODE_FIELDS_SHOWN = frozenset({"state", "labels", "name", "interfaces"})
 
 
 def on_node_saved(sender, update_fields=None, **kwargs) -> None:

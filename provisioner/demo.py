@@ -20,6 +20,8 @@ from provisioner.sealing import token_hash
 from provisioner.services.nodes import node_enroll, node_token
 
 ENVIRONMENT = "python-3.11 (JupyterLab)"
+# Offered only while a node's agent reports code-server (agents/editors/install.sh; the catalog asks)
+VSCODE_ENVIRONMENT = "VS Code (code-server)"
 GPU_MODELS = [
     # name, memory, peak dense BF16 TFLOPS, offered profiles, NVML names (the fake fleet adds "NVIDIA ")
     ("A100-SXM4-80GB", 81920, 312.0, ["whole", "2x", "4x", "1/2", "1/4", "1/8"], ["NVIDIA A100-SXM4-80GB"]),
@@ -96,6 +98,10 @@ def seed(*, data_dir: Path | str) -> dict:
     done["gpu_models"] = seed_hardware()
     Environment.objects.update_or_create(
         name=ENVIRONMENT, owner=None, defaults={"python": sys.executable, "image": "", "enabled": True}
+    )
+    Environment.objects.update_or_create(
+        name=VSCODE_ENVIRONMENT,
+        defaults={"python": sys.executable, "image": "", "interface": "vscode", "enabled": True},
     )
     for gpu_model, profile, micros in [*PRICES, ("", "cpu", CPU_PRICE)]:
         if _current_price(gpu_model, profile) != micros:

@@ -83,9 +83,15 @@ class Environment(models.Model):
     the process runtime (``python``, its interpreter) or an image for docker, with a price tier
     (``surcharge_micros_per_hour``, added to the hourly price of every session that runs it). A user's
     own (``owner``): a virtualenv or conda prefix in their home (``home_path``, relative to it), run on
-    the published environment it was made from (``base``), at that one's price."""
+    the published environment it was made from (``base``), at that one's price. ``interface``: what the
+    session serves in the browser (JupyterLab, or VS Code: code-server, process runtime only)."""
+
+    class Interface(models.TextChoices):
+        JUPYTERLAB = "jupyterlab", _("JupyterLab")
+        VSCODE = "vscode", _("VS Code")
 
     name = models.CharField(max_length=64)
+    interface = models.CharField(max_length=16, choices=Interface.choices, default=Interface.JUPYTERLAB)
     python = models.CharField(max_length=300, blank=True, help_text="Absolute path (process runtime).")
     image = models.CharField(max_length=300, blank=True, help_text="Container image (docker runtime).")
     cpu_cores = models.FloatField(default=2.0)
@@ -155,6 +161,8 @@ class Node(models.Model):
     state = models.CharField(max_length=10, choices=State.choices, default=State.ACTIVE)
     state_before_down = models.CharField(max_length=10, choices=State.choices, blank=True)
     labels = models.JSONField(default=dict, blank=True)
+    # what its workloads can serve, from its heartbeat's capabilities (jupyterlab; vscode with code-server)
+    interfaces = models.JSONField(default=list, blank=True)
     agent_version = models.CharField(max_length=32, blank=True)
     runtime = models.CharField(max_length=32, blank=True)
     driver_version = models.CharField(max_length=32, blank=True)

@@ -53,10 +53,6 @@ def workload_spec(session: Session) -> dict:
     """The workload spec of docs/AGENT_PROTOCOL.md for one placed session (a multi-GPU one lists every
     GPU in ``device_uuids``, and a session that mounts team folders names them in ``teams``)."""
     env = session.environment
-    runs_on = env.runs_on
-    environment = {"name": env.name, "python": runs_on.python or None, "image": runs_on.image or None}
-    if env.home_path:  # a user's own: its prefix in the home, run on the published one it came from
-        environment["home_prefix"] = env.home_path
     allocation = None
     if session.device_id is not None:
         allocation = {
@@ -74,12 +70,25 @@ def workload_spec(session: Session) -> dict:
         "user": workload_user(session.owner),
         "token": unseal(session.jupyter_token_sealed),
         "base_url": session.base_url,
-        "environment": environment,
+        "environment": _environment_spec(env),
         "allocation": allocation,
         "limits": {"cpu_cores": float(env.cpu_cores), "memory_mib": int(env.memory_mib)},
     }
     if session.team_folders:  # absent otherwise: the spec (and its fingerprint) of agents before them
         spec["teams"] = list(session.team_folders)
+    return spec
+
+
+def _environment_spec(env: Environment) -> dict:
+    """The spec's environment: a user's own runs on the published one it came from, with its prefix in
+    the home (``home_prefix``); ``interface`` only for VS Code (a JupyterLab spec is the one agents before
+    the interface knew, so its fingerprint is unchanged)."""
+    runs_on = env.runs_on
+    spec = {"name": env.name, "python": runs_on.python or None, "image": runs_on.image or None}
+    if env.home_path:
+        spec["home_prefix"] = env.home_path
+    if runs_on.interface != Environment.Interface.JUPYTERLAB:
+        spec["interface"] = runs_on.interface
     return spec
 
 
@@ -145,7 +154,10 @@ WELCOME_NOTEBOOK = "Welcome.ipynb"
 
 
 def session_lab_url(session: Session) -> str:
-    """The browser's way into a running session's JupyterLab, through the portal's proxy."""
+    """The browser's way into a running session's JupyterLab (or VS Code, which opens on the home
+    folder by itself), through the portal's proxy."""
+    if session.environment.interface == Environment.Interface.VSCODE:
+        return session.base_url
     return f"{session.base_url}lab/tree/{WELCOME_NOTEBOOK}"
 
 
@@ -443,16 +455,7 @@ def catalog_build() -> dict:
             for p in sorted(profiles.values(), key=lambda p: (p.kind, p.name))
         ],
         # what some active node can run (docs/ENVIRONMENTS.md), with its price tier
-        "environments": [
-            {
-                "name": e.name,
-                "runtime": "docker" if e.image and not e.python else "process",
-                "surcharge_micros_per_hour": e.surcharge_micros_per_hour,
-            }
-            for e in Environment.objects.filter(
-                environments_served_q(), enabled=True, owner__isnull=True
-            ).order_by("name")
-        ],
+        "environments": environments_offered(),
         "as_of": timezone.now().isoformat(),
     }
 
@@ -523,3 +526,24 @@ def quota_usage(*, user) -> dict:
             }
         )
     return answer
+
+
+def environments_offered() -> list[dict]:
+    """The published environments a launch may name: those whose interpreter some active node has
+    (``environments_served_q``), a VS Code one only while an active node reports that it serves VS Code
+    (its agent found code-server; agents/editors/install.sh); each with its price tier."""
+    interfaces = {Environment.Interface.JUPYTERLAB.value}
+    for served in Node.objects.filter(state=Node.State.ACTIVE).values_list("interfaces", flat=True):
+        if isinstance(served, list):
+            interfaces.update(i for i in served if isinstance(i, str))
+    published = Environment.objects.filter(environments_served_q(), enabled=True, owner__isnull=True)
+    return [
+        {
+            "name": e.name,
+            "runtime": "docker" if e.image and not e.python else "process",
+            "interface": e.interface,
+            "surcharge_micros_per_hour": e.surcharge_micros_per_hour,
+        }
+        for e in published.order_by("name")
+        if e.interface in interfaces
+    ]

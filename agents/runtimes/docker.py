@@ -173,6 +173,11 @@ class DockerRuntime(Runtime):
                 "environment.home_prefix: users' own environments run on the process runtime only",
                 code="environment_unavailable",
             )
+        if spec.environment.interface != "jupyterlab":
+            raise RuntimeStartError(
+                "the docker runtime serves JupyterLab only (VS Code runs on the process runtime)",
+                code="environment_unavailable",
+            )
         client = self.client()
         private = Path(self.options.state_dir) / "run" / spec.session_id / "private"
         if private.parent.exists():

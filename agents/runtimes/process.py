@@ -42,12 +42,15 @@ from agents import egress, environments, sandbox
 from agents.gpuplan import VGPU_LIB_TARGET, GpuPlan, enforcement
 from agents.runtimes import launcher
 from agents.runtimes.base import (
+    CODE_SERVER_ENTRY,
     JUPYTER_LAB_MAIN,
     LABEXTENSIONS_DIR,
     LABEXTENSIONS_IN_WORKLOAD,
     Runtime,
     RuntimeHandle,
     RuntimeStartError,
+    code_server_installed,
+    code_server_node,
     jupyter_config,
     labextensions_option,
 )
@@ -56,6 +59,7 @@ from agents.spec import WorkloadSpec
 STOP_WAIT_SECONDS = 12.0
 SOCK_NAME = "jupyter.sock"
 CONFIG_NAME = "jupyter_server_config.json"  # in the private folder: the Jupyter token, mode 0600
+CODE_SERVER_CONFIG_NAME = "code-server.yaml"  # in the private folder: code-server's, written by itself
 EXIT_NAME = "exit.json"  # in the run folder: the launcher's record of how the workload ended
 LOG_NAME = "workload.log"
 SANDBOX_SOCK_DIR = "/run/jupyter"
@@ -123,6 +127,29 @@ def jupyter_command(
     ]
 
 
+def code_server_command(
+    node: str, code_server: str, *, sock: str, config_file: str, folder: str
+) -> list[str]:
+    """VS Code in the browser on the workload's Unix socket. No password of its own: only the agent's
+    gateway dials the socket, and the portal's proxy has authenticated the user (and refused a foreign
+    Origin) before. It serves at the socket's root with relative links, so the gateway strips the
+    session's base URL. Nothing calls home: no telemetry, no update check (which asks GitHub)."""
+    return [
+        node,
+        os.path.join(code_server, CODE_SERVER_ENTRY),
+        f"--socket={sock}",
+        "--socket-mode=600",
+        "--auth=none",
+        f"--config={config_file}",
+        "--disable-telemetry",
+        "--disable-update-check",
+        "--disable-workspace-trust",
+        "--disable-getting-started-override",
+        "--ignore-last-opened",
+        folder,
+    ]
+
+
 @dataclass(frozen=True, kw_only=True)
 class ProcessHandle(RuntimeHandle):
     """The process runtime's own: its launcher (the pid and its start time, against a recycled pid
@@ -171,6 +198,8 @@ class ProcessRuntime(Runtime):
                 f"environment {spec.environment.name}: {python} is not an executable on this node",
                 code=environments.UNAVAILABLE,
             )
+        interface = spec.environment.interface
+        editor = self._code_server() if interface == "vscode" else None  # refused before anything is made
         uid = self.uids.for_user(spec.user) if mode == "bwrap" and os.geteuid() == 0 else None
         home, private = self._folders(spec, uid)
         teams, groups = self._team_folders(spec, uid) if mode == "bwrap" else ([], [])
@@ -194,15 +223,19 @@ class ProcessRuntime(Runtime):
         # sun_path holds 108 bytes: inside the sandbox the socket has a short fixed path; without one a
         # path too long is bound through a short link to its folder.
         sock = f"{inside}/{SOCK_NAME}" if mode == "bwrap" else short_socket_path(private)
-        command = jupyter_command(
-            python,
-            sock=sock,
-            base_url=spec.base_url,
-            root_dir=home_seen,
-            config_file=f"{inside}/{CONFIG_NAME}",
-            as_root=uid is None and os.geteuid() == 0,
-            labextensions=LABEXTENSIONS_IN_WORKLOAD if mode == "bwrap" else str(LABEXTENSIONS_DIR),
-        )
+        if editor is not None:
+            config = f"{inside}/{CODE_SERVER_CONFIG_NAME}"
+            command = code_server_command(*editor, sock=sock, config_file=config, folder=home_seen)
+        else:
+            command = jupyter_command(
+                python,
+                sock=sock,
+                base_url=spec.base_url,
+                root_dir=home_seen,
+                config_file=f"{inside}/{CONFIG_NAME}",
+                as_root=uid is None and os.geteuid() == 0,
+                labextensions=LABEXTENSIONS_IN_WORKLOAD if mode == "bwrap" else str(LABEXTENSIONS_DIR),
+            )
         env = {
             "PATH": f"{Path(python).parent}:{SYSTEM_PATH}",
             "HOME": home_seen,
@@ -245,6 +278,7 @@ class ProcessRuntime(Runtime):
             socket_path=str(private / SOCK_NAME),
             run_dir=str(run_dir),
             enforcement=enforcement(plan, device_isolated=mode == "bwrap", preload_pinned=bool(preload_file)),
+            interface=interface,
             pid=child.pid,
             pid_start_ticks=process_start_ticks(child.pid),
             exit_file=str(run_dir / EXIT_NAME),
@@ -307,6 +341,11 @@ class ProcessRuntime(Runtime):
         teams: list[sandbox.TeamMount],
         groups: list[int],
     ) -> list[str]:
+        # a vscode workload also needs code-server's folder and its node's, read-only
+        editor = []
+        if spec.environment.interface == "vscode":
+            node, code_server = self._code_server()
+            editor = [code_server, str(Path(os.path.realpath(node)).parent)]
         return sandbox.bwrap_command(
             bwrap=shutil.which("bwrap") or "bwrap",
             user=spec.user,
@@ -315,8 +354,9 @@ class ProcessRuntime(Runtime):
             private=private,
             # other users' homes: under the state dir, or every home of a shared root but this one
             hidden=[str(self.options.state_dir), str(self.options.homes), *self.options.sandbox_hide],
-            # the environments' prefixes, and the interpreters they link to (agents/environments.py)
-            kept=[*environment_folders, *(m.source for m in plan.mounts if m.read_only)],
+            # the environments' prefixes, and the interpreters they link to (agents/environments.py);
+            # code-server's folder and its node's for a vscode workload
+            kept=[*environment_folders, *editor, *(m.source for m in plan.mounts if m.read_only)],
             writable=[m.source for m in plan.mounts if not m.read_only],
             device_dir=self.options.device_dir,
             device_nodes=plan.device_nodes,
@@ -327,6 +367,18 @@ class ProcessRuntime(Runtime):
             teams=teams,
             groups=groups,
         )
+
+    def _code_server(self) -> tuple[str, str]:
+        """node and the code-server folder for a vscode workload; RuntimeStartError when this node has
+        none (agents/editors/install.sh was not run)."""
+        folder = self.options.code_server
+        if not code_server_installed(folder):
+            raise RuntimeStartError(
+                f"this node has no code-server for VS Code environments ({folder or 'none configured'}; "
+                "agents/editors/install.sh installs it)",
+                code="environment_unavailable",
+            )
+        return code_server_node(folder), str(folder)
 
     def _launch(
         self, command: list[str], env: dict[str, str], *, run_dir: Path, limits: dict

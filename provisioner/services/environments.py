@@ -55,6 +55,7 @@ def _audited(env: Environment | None) -> dict | None:
     if env is None:
         return None
     return {
+        "interface": env.interface,
         "python": env.python,
         "image": env.image,
         "surcharge_micros_per_hour": env.surcharge_micros_per_hour,
@@ -67,6 +68,7 @@ def environment_publish(
     name: str,
     python: str = "",
     image: str = "",
+    interface: str = Environment.Interface.JUPYTERLAB,
     surcharge_micros_per_hour: int = 0,
     cpu_cores: float = 2.0,
     memory_mib: int = 8192,
@@ -74,11 +76,16 @@ def environment_publish(
     actor=None,
     reason: str = "",
 ) -> Environment:
-    """Publish (or change) the environment ``name``: its interpreter or image and its price tier, an
-    hourly surcharge in micro-units added to every session launched with it from now on (running
-    sessions keep the price they launched with). Writes an audit row; one transaction, the row locked.
-    Raises ValidationFailed."""
+    """Publish (or change) the environment ``name``: its interpreter or image, what it serves in the
+    browser (``interface``: JupyterLab or VS Code) and its price tier, an hourly surcharge in micro-units
+    added to every session launched with it from now on (running sessions keep the price they launched
+    with). Writes an audit row; one transaction, the row locked. Raises ValidationFailed."""
     _name_check(name)
+    if interface not in Environment.Interface.values:
+        raise ValidationFailed(
+            _("Unknown interface %(interface)s.") % {"interface": repr(interface)},
+            fields={"interface": "unknown"},
+        )
     if python and not python.startswith("/"):
         raise ValidationFailed(
             _("The interpreter must be an absolute path."), fields={"python": "not absolute"}
@@ -93,7 +100,7 @@ def environment_publish(
         env = Environment.objects.select_for_update().filter(name=name, owner__isnull=True).first()
         before = _audited(env)
         env = env or Environment(name=name)
-        env.python, env.image, env.enabled = python, image, enabled
+        env.python, env.image, env.enabled, env.interface = python, image, enabled, interface
         env.surcharge_micros_per_hour = surcharge_micros_per_hour
         env.cpu_cores, env.memory_mib = cpu_cores, memory_mib
         env.save()

@@ -31,6 +31,7 @@ from provisioner.models import (
     Allocation,
     Device,
     DeviceSample,
+    Environment,
     GpuModel,
     Node,
     Session,
@@ -291,7 +292,16 @@ def _capabilities_errors(capabilities) -> dict[str, str]:
     pythons = capabilities.get("environments", [])
     if not isinstance(pythons, list) or not all(isinstance(p, str) for p in pythons):
         return {"capabilities.environments": "must be a list of strings"}
+    interfaces = capabilities.get("interfaces", [])
+    if not isinstance(interfaces, list) or not all(isinstance(i, str) for i in interfaces):
+        return {"capabilities.interfaces": "must be a list of strings"}
     return {}
+
+
+def _interfaces_served(capabilities) -> list[str]:
+    """What the node's workloads can serve; an agent from before the interfaces serves JupyterLab."""
+    reported = (capabilities or {}).get("interfaces") or ["jupyterlab"]
+    return sorted({i for i in reported if i in Environment.Interface.values})
 
 
 SAMPLE_FIGURES = (
@@ -753,6 +763,10 @@ def heartbeat_record(*, node: Node, body) -> HeartbeatAnswer:
         if served is not None:
             node.environments = served
             fields.append("environments")
+        interfaces = _interfaces_served(body.get("capabilities"))
+        if interfaces != node.interfaces:  # rarely: an agent restarted with(out) code-server
+            node.interfaces = interfaces
+            fields.append("interfaces")  # a change the catalog is told of (its environments)
         if node.state == Node.State.DOWN:
             node.state = node.state_before_down or Node.State.ACTIVE
             node.state_before_down = ""

@@ -124,6 +124,11 @@ def _admission_lock(*, account_id: int, user_id: int) -> None:
             cursor.execute(f"SELECT 1 FROM {table} WHERE {column} = %s FOR NO KEY UPDATE", [pk])  # noqa: S608
 
 
+def _vscode_served() -> bool:
+    """Whether an active node's agent reported code-server (the heartbeat's capabilities)."""
+    return Node.objects.filter(state=Node.State.ACTIVE, interfaces__contains=["vscode"]).exists()
+
+
 def _catalog(
     *, user, gpu_model: str, profile: str, environment: str
 ) -> tuple[GpuModel | None, Profile, Environment]:
@@ -138,6 +143,11 @@ def _catalog(
             _("No node has the environment %(environment)s installed yet.") % {"environment": env.name},
             code="environment_unavailable",
             fields={"environment": "on no node"},
+        )
+    if env.interface == Environment.Interface.VSCODE and not _vscode_served():
+        raise ValidationFailed(
+            _("No node serves VS Code now; choose a JupyterLab environment."),
+            fields={"environment": "no active node serves vscode"},
         )
     if profile_obj.kind == Profile.Kind.CPU:
         return None, profile_obj, env

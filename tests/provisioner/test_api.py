@@ -764,7 +764,9 @@ def test_the_demo_seed_is_idempotent_and_keeps_tokens(db, tmp_path):
     token_b = (tmp_path / "agents" / "node-b" / "token").read_text().strip()
     assert node_by_token(token=token_b).name == "node-b"
     assert set(GpuModel.objects.values_list("name", flat=True)) == {A100, "T4", "H200"}
-    assert Environment.objects.get().python
+    assert Environment.objects.get(interface="jupyterlab").python
+    # VS Code is seeded too; the catalog offers it only once a node reports code-server
+    assert Environment.objects.get(interface="vscode").python
 
 
 def test_the_sessions_list_takes_as_many_queries_for_twelve_sessions_as_for_three(

@@ -18,14 +18,16 @@ import shutil
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import pytest
 from django.test import Client
 
+from agents.runtimes.base import CODE_SERVER_DIR, CODE_SERVER_ENTRY, code_server_installed, code_server_node
 from conftest import ROOT, subprocess_env
 from portal.services import access_token_create, team_create
-from provisioner.models import Allocation, Device, Node
+from provisioner.models import Allocation, Device, Environment, Node
 from provisioner.selectors import workload_user
 from provisioner.services.nodes import node_enroll
 from tests.agents.conftest import process_tree, processes_mentioning, run_in_kernel, wait_for
@@ -39,6 +41,8 @@ pytestmark = [
 ]
 FLEET = ROOT / "agents" / "fleets" / "node-a.yaml"
 PORTAL_PORT, AGENT_PORT = 8600, 8801
+VSCODE_ENV = "VS Code"
+NO_CODE_SERVER = f"code-server is not installed at {CODE_SERVER_DIR} (run agents/editors/install.sh)"
 
 
 def _stop(process: subprocess.Popen) -> None:
@@ -272,24 +276,30 @@ print(json.dumps({
 """
 
 
-def test_tenant_code_cannot_escape_its_sandbox(remote_node):
-    ns, state, homes = remote_node["ns"], remote_node["state"], remote_node["homes"]
-    alice, bob = make_user("alice"), make_user("bob")
-    alice_home, bob_home = workload_user(alice), workload_user(bob)
-    # bob's team has a shared folder; alice, in a team of her own, holds her team's group, not bob's
-    bobs_team, alices_team = (
-        team_create(creator=bob, name="Bob Lab"),
-        team_create(creator=alice, name="Alice Lab"),
-    )
-    victim = _running(_api(remote_node["portal"], bob))
-    attacker = _running(_api(remote_node["portal"], alice))
+def _teams(alice, bob) -> dict:
+    """bob's team has a shared folder; alice, in a team of her own, holds her team's group, not bob's.
+    Made before the launches, which decide the folders a session mounts."""
+    return {
+        "bobs": team_create(creator=bob, name="Bob Lab"),
+        "alices": team_create(creator=alice, name="Alice Lab"),
+    }
+
+
+def _plant(homes: Path, bob_home: str, teams: dict) -> None:
+    """bob's secrets, once his session made his home and his team's folder."""
     (homes / bob_home / "secret.txt").write_text("bob's work")
-    bobs_folder = homes / ".teams" / str(bobs_team.account_id)
-    (bobs_folder / "plan.txt").write_text("bob's team's plan")
-    mine = f"/home/teams/{alices_team.slug}/mine.txt"
-    device = Allocation.objects.select_related("device").get(session_id=attacker["id"]).device
+    (homes / ".teams" / str(teams["bobs"].account_id) / "plan.txt").write_text("bob's team's plan")
+
+
+def _escape_targets(remote_node, victim: dict, bob_home: str, alice_home: str, teams: dict) -> dict:
+    """What the probes try: the node's secrets, another tenant's home and session, another team's
+    folder, the host's services."""
+    ns, state, homes = remote_node["ns"], remote_node["state"], remote_node["homes"]
+    bobs_team, bobs_folder = teams["bobs"], homes / ".teams" / str(teams["bobs"].account_id)
+    mine = f"/home/teams/{teams['alices'].slug}/mine.txt"
     data = ROOT / ".data"
-    targets = {
+    site = remote_node["internet"].node_address
+    return {
         "read": [
             str(remote_node["token_file"]),
             str(state / "workloads" / f"{victim['id']}.json"),
@@ -320,6 +330,7 @@ def test_tenant_code_cannot_escape_its_sandbox(remote_node):
             ["127.0.0.1", PORTAL_PORT],
             ["127.0.0.1", 5432],  # PostgreSQL and Redis on their usual ports
             ["127.0.0.1", 6379],
+            [site, 8080],  # the internet without the proxy
         ],
         "unix": [
             str(data / "pg" / ".s.PGSQL.5432"),
@@ -336,21 +347,25 @@ def test_tenant_code_cannot_escape_its_sandbox(remote_node):
             f"/home/teams/{bobs_team.slug}/mine.txt",
             mine,  # her own team's folder
         ],
+        "fetch": [
+            f"http://{site}:8080/hello.txt",  # the internet, through the node's egress proxy
+            f"http://{ns.node_address}:{AGENT_PORT}/v1/health",  # the agent, asked through the proxy
+            f"http://{ns.host_address}:{PORTAL_PORT}/healthz",  # the portal, asked through the proxy
+        ],
+        "tunnel": [site, 8080],
     }
-    site = remote_node["internet"].node_address
-    targets["fetch"] = [
-        f"http://{site}:8080/hello.txt",  # the internet, through the node's egress proxy
-        f"http://{ns.node_address}:{AGENT_PORT}/v1/health",  # the agent, asked through the proxy
-        f"http://{ns.host_address}:{PORTAL_PORT}/healthz",  # the portal, asked through the proxy
-    ]
-    targets["tcp"].append([site, 8080])  # the internet without the proxy
-    targets["tunnel"] = [site, 8080]
-    headers = _cookie(alice)
-    out = run_in_kernel(
-        remote_node["portal"], f"/jupyter/{attacker['id']}/", PROBE % json.dumps(targets), headers=headers
-    )
-    seen = json.loads(out.strip().splitlines()[-1])
 
+
+def _assert_contained(
+    remote_node, seen: dict, *, victim: dict, alice_home: str, attacker: dict, teams: dict
+) -> None:
+    """Every refusal the probes should meet, and the little a tenant may do (its home, /tmp, its team's
+    folder, the proxy)."""
+    ns, homes = remote_node["ns"], remote_node["homes"]
+    alices_team, bobs_folder = teams["alices"], homes / ".teams" / str(teams["bobs"].account_id)
+    mine = f"/home/teams/{alices_team.slug}/mine.txt"
+    site = remote_node["internet"].node_address
+    device = Allocation.objects.select_related("device").get(session_id=attacker["id"]).device
     assert seen["uid"] != 0 and seen["euid"] != 0 and seen["gid"] != 0 and 0 not in seen["groups"]
     assert int(seen["cap_eff"], 16) == 0 and int(seen["cap_bnd"], 16) == 0 and seen["no_new_privs"] == "1"
     assert all(result != "read" for result in seen["read"].values()), seen["read"]
@@ -393,7 +408,8 @@ def test_tenant_code_cannot_escape_its_sandbox(remote_node):
     assert "an address of this node itself" in fetched[f"http://{ns.node_address}:{AGENT_PORT}/v1/health"]
     assert fetched[f"http://{ns.host_address}:{PORTAL_PORT}/healthz"].startswith("HTTP 403: outbound refused")
 
-    # The victim's kernel still runs, untouched.
+
+def _victim_untouched(remote_node, victim: dict, bob, bob_home: str) -> None:
     bob_out = run_in_kernel(
         remote_node["portal"],
         f"/jupyter/{victim['id']}/",
@@ -401,3 +417,95 @@ def test_tenant_code_cannot_escape_its_sandbox(remote_node):
         headers=_cookie(bob),
     )
     assert bob_out.strip().endswith("bob's work")
+
+
+def test_tenant_code_cannot_escape_its_sandbox(remote_node):
+    homes = remote_node["homes"]
+    alice, bob = make_user("alice"), make_user("bob")
+    alice_home, bob_home = workload_user(alice), workload_user(bob)
+    teams = _teams(alice, bob)
+    victim = _running(_api(remote_node["portal"], bob))
+    attacker = _running(_api(remote_node["portal"], alice))
+    _plant(homes, bob_home, teams)
+    targets = _escape_targets(remote_node, victim, bob_home, alice_home, teams)
+    out = run_in_kernel(
+        remote_node["portal"],
+        f"/jupyter/{attacker['id']}/",
+        PROBE % json.dumps(targets),
+        headers=_cookie(alice),
+    )
+    seen = json.loads(out.strip().splitlines()[-1])
+    _assert_contained(remote_node, seen, victim=victim, alice_home=alice_home, attacker=attacker, teams=teams)
+    _victim_untouched(remote_node, victim, bob, bob_home)  # the victim's kernel still runs, untouched
+
+
+@pytest.mark.skipif(not code_server_installed(CODE_SERVER_DIR), reason=NO_CODE_SERVER)
+@pytest.mark.skipif(shutil.which("nsenter") is None, reason="nsenter (util-linux) is not installed")
+def test_tenant_code_cannot_escape_a_vscode_sandbox(remote_node):
+    """The same probes from inside a VS Code (code-server) workload. Its terminal is a pty over the
+    workbench's own WebSocket protocol, which a test cannot drive simply; so the probe runs as a process
+    of that live sandbox instead: ``nsenter`` joins the namespaces of the workload's code-server (its
+    mount, PID, network, IPC and UTS namespaces, its root and working folder), and ``setpriv`` drops to
+    its uid with no capabilities and no-new-privileges, exactly as bubblewrap's last step did for
+    code-server, with code-server's environment. It is what a terminal in that VS Code would run."""
+    homes, state = remote_node["homes"], remote_node["state"]
+    node = remote_node["node"]
+    Environment.objects.create(
+        name=VSCODE_ENV, python=sys.executable, interface=Environment.Interface.VSCODE, memory_mib=4096
+    )
+    wait_for(
+        lambda: "vscode" in Node.objects.get(pk=node.pk).interfaces, 15, 0.2, "node-a reporting code-server"
+    )
+    alice, bob = make_user("alice"), make_user("bob")
+    alice_home, bob_home = workload_user(alice), workload_user(bob)
+    teams = _teams(alice, bob)
+    victim = _running(_api(remote_node["portal"], bob))
+    attacker = _running(_api(remote_node["portal"], alice), environment=VSCODE_ENV)
+    _plant(homes, bob_home, teams)
+
+    # VS Code answers through the portal's proxy, for its user only
+    base = f"/jupyter/{attacker['id']}/"
+    with httpx.Client(base_url=remote_node["portal"], timeout=30) as web:
+        page = web.get(f"{base}?folder=/home/{alice_home}", headers=_cookie(alice))
+        assert page.status_code == 200 and "vscode-workbench-web-configuration" in page.text
+        assert web.get(base, headers=_cookie(bob)).status_code == 404
+
+    record = json.loads((state / "workloads" / f"{attacker['id']}.json").read_text())
+    tree = process_tree(record["runtime_state"]["pid"])
+    node_binary = code_server_node(CODE_SERVER_DIR)
+    (server,) = (pid for pid in tree if _argv(pid)[:2] == [node_binary, _entry()])
+    uid = os.stat(f"/proc/{server}").st_uid
+    assert uid == record["runtime_state"]["uid"] != 0
+    environ = Path(f"/proc/{server}/environ").read_bytes().decode().split("\0")
+    status = dict(line.split(":", 1) for line in Path(f"/proc/{server}/status").read_text().splitlines())
+    groups = ",".join(status["Groups"].split()) or None  # its teams' groups, as bubblewrap left them
+    targets = _escape_targets(remote_node, victim, bob_home, alice_home, teams)
+    probe = [
+        "nsenter", f"--target={server}", "--mount", "--pid", "--net", "--ipc", "--uts", "--root", "--wd",
+        "env", "-i", *(e for e in environ if e),
+        "setpriv", f"--reuid={uid}", f"--regid={uid}", f"--groups={groups}" if groups else "--clear-groups",
+        "--inh-caps=-all",
+        "--bounding-set=-all", "--no-new-privs", "--",
+        sys.executable, "-",
+    ]  # fmt: skip
+    # the probe on stdin, as a kernel gets its code: not in any command line the probes list
+    done = subprocess.run(
+        probe, input=PROBE % json.dumps(targets), capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert any("entry.js" in line for line in seen["processes"])  # inside code-server's PID namespace
+    _assert_contained(remote_node, seen, victim=victim, alice_home=alice_home, attacker=attacker, teams=teams)
+    _victim_untouched(remote_node, victim, bob, bob_home)
+
+
+def _argv(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return cmdline.read().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
+def _entry() -> str:
+    return str(CODE_SERVER_DIR / CODE_SERVER_ENTRY)
