@@ -32,6 +32,17 @@ def alive(pid: int) -> bool:
         return False
 
 
+def process_stop(process: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL after 10 s: a test's server or agent, gone when this returns."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
 def process_tree(root: int) -> set[int]:
     children: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):

@@ -26,6 +26,7 @@ import websockets
 from portal.proxy import JupyterProxy, Refusal, Route
 from portal.upstream import UpstreamPool
 from portal.ws_relay import WebSocketRelay
+from tests.agents.conftest import execute_request
 
 
 def _run_in_thread(coroutine):
@@ -191,13 +192,8 @@ def test_a_kernel_runs_code_over_the_proxied_websocket(proxy_url, jupyter):
         async with websockets.connect(
             uri, additional_headers={"Cookie": "sessionid=owner"}, origin=f"http://{proxy_url}"
         ) as ws:
-            msg_id = uuid.uuid4().hex
-            await ws.send(json.dumps({
-                "header": {"msg_id": msg_id, "username": "t", "session": uuid.uuid4().hex, "msg_type": "execute_request", "version": "5.3"},
-                "parent_header": {}, "metadata": {}, "channel": "shell",
-                "content": {"code": "print(6 * 7)", "silent": False, "store_history": False,
-                            "user_expressions": {}, "allow_stdin": False},
-            }))  # fmt: skip
+            msg_id, message = execute_request("print(6 * 7)")
+            await ws.send(json.dumps(message))
             while True:
                 message = json.loads(await asyncio.wait_for(ws.recv(), 60))
                 if message["msg_type"] == "stream" and message["parent_header"].get("msg_id") == msg_id:
@@ -253,13 +249,8 @@ def test_a_large_output_comes_through_whole(proxy_url, jupyter):
         async with websockets.connect(
             uri, additional_headers={"Cookie": "sessionid=owner"}, origin=f"http://{proxy_url}", max_size=None
         ) as ws:
-            msg_id = uuid.uuid4().hex
-            await ws.send(json.dumps({
-                "header": {"msg_id": msg_id, "username": "t", "session": uuid.uuid4().hex, "msg_type": "execute_request", "version": "5.3"},
-                "parent_header": {}, "metadata": {}, "channel": "shell",
-                "content": {"code": "print('x' * 4_000_000)", "silent": False, "store_history": False,
-                            "user_expressions": {}, "allow_stdin": False},
-            }))  # fmt: skip
+            msg_id, message = execute_request("print('x' * 4_000_000)")
+            await ws.send(json.dumps(message))
             received = 0
             while True:
                 message = json.loads(await asyncio.wait_for(ws.recv(), 60))

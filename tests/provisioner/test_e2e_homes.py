@@ -26,7 +26,14 @@ from conftest import subprocess_env
 from provisioner.models import Device, Node
 from provisioner.selectors import workload_user
 from provisioner.services.nodes import node_enroll
-from tests.agents.conftest import REPO, process_tree, processes_mentioning, run_in_kernel, wait_for
+from tests.agents.conftest import (
+    REPO,
+    process_stop,
+    process_tree,
+    processes_mentioning,
+    run_in_kernel,
+    wait_for,
+)
 from tests.netns import node_namespace
 from tests.provisioner.conftest import make_catalog, make_user
 from tests.provisioner.test_e2e_agents import api_for, launch, wait_state
@@ -41,16 +48,6 @@ FLEETS = REPO / "agents" / "fleets"
 class _Url:
     def __init__(self, url: str):
         self.url = url
-
-
-def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 @pytest.fixture
@@ -122,7 +119,7 @@ def two_hosts(transactional_db, tmp_path, celery_worker_process):
             }
         finally:
             for process in reversed(processes):
-                _stop(process)
+                process_stop(process)
             for name in ("node-a", "node-b"):  # workloads outlive their agent by design: end ours
                 for pid in processes_mentioning(str(tmp_path / "agents" / name)):
                     for child in process_tree(pid):

@@ -30,7 +30,7 @@ from portal.services import access_token_create, team_create
 from provisioner.models import Allocation, Device, Environment, Node
 from provisioner.selectors import workload_user
 from provisioner.services.nodes import node_enroll
-from tests.agents.conftest import process_tree, processes_mentioning, run_in_kernel, wait_for
+from tests.agents.conftest import process_stop, process_tree, processes_mentioning, run_in_kernel, wait_for
 from tests.netns import linked_namespace, node_namespace
 from tests.provisioner.conftest import A100, ENV, make_catalog, make_user
 
@@ -43,16 +43,6 @@ FLEET = ROOT / "agents" / "fleets" / "node-a.yaml"
 PORTAL_PORT, AGENT_PORT = 8600, 8801
 VSCODE_ENV = "VS Code"
 NO_CODE_SERVER = f"code-server is not installed at {CODE_SERVER_DIR} (run agents/editors/install.sh)"
-
-
-def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 @pytest.fixture
@@ -138,7 +128,7 @@ def remote_node(transactional_db, tmp_path, celery_worker_process):
             }
         finally:
             for process in reversed(processes):
-                _stop(process)
+                process_stop(process)
             for pid in processes_mentioning(str(state)):  # workloads outlive their agent by design
                 for child in process_tree(pid):
                     with contextlib.suppress(ProcessLookupError):
