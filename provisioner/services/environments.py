@@ -176,13 +176,19 @@ def environment_for_launch(*, user, environment: str) -> Environment:
 
 
 def nodes_lacking(environment: Environment) -> list[int]:
-    """The nodes that cannot run ``environment``: those that did not report its interpreter. One with
-    no interpreter (the agent's own, or an image) runs everywhere."""
-    python = environment.runs_on.python
-    if not python:
-        return []
-    reported = Node.objects.filter(environments__isnull=False)
-    return list(reported.exclude(environments__contains=[python]).values_list("id", flat=True))
+    """The nodes that cannot run ``environment``: those that did not report its interpreter (one with
+    no interpreter, the agent's own or an image, runs everywhere), and for VS Code those whose agent
+    did not report code-server (``interfaces``)."""
+    runs_on = environment.runs_on
+    lacking: set[int] = set()
+    if runs_on.python:
+        reported = Node.objects.filter(environments__isnull=False)
+        lacking.update(reported.exclude(environments__contains=[runs_on.python]).values_list("id", flat=True))
+    if runs_on.interface != Environment.Interface.JUPYTERLAB:
+        lacking.update(
+            Node.objects.exclude(interfaces__contains=[runs_on.interface]).values_list("id", flat=True)
+        )
+    return sorted(lacking)
 
 
 def environment_on_some_node(environment: Environment) -> bool:

@@ -175,6 +175,7 @@ def test_an_admin_publishes_an_environment_with_its_tier_on_the_admin_site_audit
     client.force_login(admin)
     form = {
         "name": "torch",
+        "interface": "jupyterlab",
         "python": TORCH,
         "image": "",
         "surcharge_micros_per_hour": "1200000",

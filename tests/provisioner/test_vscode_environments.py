@@ -104,3 +104,22 @@ def test_a_heartbeat_with_malformed_interfaces_is_refused(node_and_token):
     )
     assert response.status_code == 400, response.content
     assert "capabilities.interfaces" in json.dumps(response.json())
+
+
+def test_a_vscode_session_goes_only_to_a_node_that_serves_it(node_and_token):
+    """In a pool where some nodes have code-server, placement passes over the others, however they rank."""
+    from provisioner.services.nodes import node_enroll
+
+    node_a, token_a = node_and_token
+    _beat(token_a, ["jupyterlab"])  # enrolled first: the CPU pick's first choice
+    node_b = node_enroll(name="node-b", address="http://127.0.0.1:9")
+    body = heartbeat_body([gpu(0, "GPU-b-0")])
+    body["capabilities"] = {"sharing_policies": [], "interfaces": ["jupyterlab", "vscode"]}
+    answer = APIClient().post(
+        "/api/agent/heartbeat", json.dumps(body), content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {node_b.token}",
+    )  # fmt: skip
+    assert answer.status_code == 200, answer.content
+    user = make_user()
+    assert {_launch(user, VSCODE_ENV).node_id for _ in range(3)} == {node_b.node.id}
+    assert _launch(user, ENV).node_id in (node_a.id, node_b.node.id)
