@@ -150,14 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
     )
     host, port = parse_listen(args.listen)
-    if not args.token_file:
-        fail("--token-file (or AGENT_TOKEN_FILE) is required")
-    if not args.state_dir:
-        fail("--state-dir (or AGENT_STATE_DIR) is required")
-    if args.heartbeat_seconds <= 0:
-        fail("--heartbeat-seconds must be positive")
-    if args.portal and not args.portal.startswith(("http://", "https://")):
-        fail(f"--portal must be an http(s) URL, got {args.portal!r}")
+    args_check(args)
     token = node_token(args.token_file)
     reader = gpu_reader(args.fleet)
 
@@ -223,6 +216,18 @@ def main(argv: list[str] | None = None) -> int:
     ).start()
     serve(server, workloads, heartbeats)
     return 0
+
+
+def args_check(args: argparse.Namespace) -> None:
+    """Refuse, saying why, the options an agent cannot start with."""
+    if not args.token_file:
+        fail("--token-file (or AGENT_TOKEN_FILE) is required")
+    if not args.state_dir:
+        fail("--state-dir (or AGENT_STATE_DIR) is required")
+    if args.heartbeat_seconds <= 0:
+        fail("--heartbeat-seconds must be positive")
+    if args.portal and not args.portal.startswith(("http://", "https://")):
+        fail(f"--portal must be an http(s) URL, got {args.portal!r}")
 
 
 def node_token(path: str) -> str:

@@ -287,29 +287,40 @@ def bwrap_command(
             args += ["--dev-bind", source, f"/dev/{node}"]
     inside_home = home_in_sandbox(user)
     args += ["--bind", str(home), inside_home, "--bind", str(private), PRIVATE_DIR]
-    teams = list(teams)
-    if teams:
-        args += ["--perms", "0755", "--dir", TEAMS_ROOT]
-    for team in teams:
-        args += ["--ro-bind" if team.read_only else "--bind", team.source, team_in_sandbox(team.name)]
+    args += _team_binds(teams)
     if egress_dir:
         args += ["--ro-bind", egress_dir, egress.SANDBOX_DIR]
     for source, target in (read_only or {}).items():
         args += ["--ro-bind", source, target]
     args += ["--setenv", "HOME", inside_home, "--chdir", inside_home, "--"]
     if uid is not None:
-        gids = sorted(set(groups))
-        args += [
-            "setpriv",
-            f"--reuid={uid}",
-            f"--regid={uid}",
-            f"--groups={','.join(map(str, gids))}" if gids else "--clear-groups",
-            "--inh-caps=-all",
-            "--bounding-set=-all",
-            "--no-new-privs",
-            "--",
-        ]
+        args += _drop_to(uid, groups)
     return args + command
+
+
+def _team_binds(teams: Iterable[TeamMount]) -> list[str]:
+    """Each team folder at ``/home/teams/<name>``: ``--ro-bind`` for a read-only member."""
+    teams = list(teams)
+    args = ["--perms", "0755", "--dir", TEAMS_ROOT] if teams else []
+    for team in teams:
+        args += ["--ro-bind" if team.read_only else "--bind", team.source, team_in_sandbox(team.name)]
+    return args
+
+
+def _drop_to(uid: int, groups: Iterable[int]) -> list[str]:
+    """bubblewrap's last step as root: ``setpriv`` to the tenant's uid, its team folders' gids as its
+    only supplementary groups, no capabilities, no new privileges."""
+    gids = sorted(set(groups))
+    return [
+        "setpriv",
+        f"--reuid={uid}",
+        f"--regid={uid}",
+        f"--groups={','.join(map(str, gids))}" if gids else "--clear-groups",
+        "--inh-caps=-all",
+        "--bounding-set=-all",
+        "--no-new-privs",
+        "--",
+    ]
 
 
 def _etc_with_preload(preload_file: str) -> list[str]:

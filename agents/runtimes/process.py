@@ -205,37 +205,15 @@ class ProcessRuntime(Runtime):
         teams, groups = self._team_folders(spec, uid) if mode == "bwrap" else ([], [])
         inside = sandbox.PRIVATE_DIR if mode == "bwrap" else str(private)
         home_seen = sandbox.home_in_sandbox(spec.user) if mode == "bwrap" else str(home)
-        try:
-            runs = environments.layout(
-                name=spec.environment.name,
-                python=python,
-                home_prefix=spec.environment.home_prefix,
-                home=home,
-                home_seen=home_seen,
-                path=SYSTEM_PATH,
-            )
-        except environments.EnvironmentUnavailable as exc:
-            shutil.rmtree(private.parent, ignore_errors=True)
-            raise RuntimeStartError(f"environment {spec.environment.name}: {exc}", code=exc.code) from None
+        runs = self._layout(spec, python, home=home, home_seen=home_seen, private=private)
         python = runs.server_python
-        if runs.kernel_spec is not None:
-            environments.kernel_spec_write(private, runs.kernel_spec)
         # sun_path holds 108 bytes: inside the sandbox the socket has a short fixed path; without one a
         # path too long is bound through a short link to its folder.
         sock = f"{inside}/{SOCK_NAME}" if mode == "bwrap" else short_socket_path(private)
-        if editor is not None:
-            config = f"{inside}/{CODE_SERVER_CONFIG_NAME}"
-            command = code_server_command(*editor, sock=sock, config_file=config, folder=home_seen)
-        else:
-            command = jupyter_command(
-                python,
-                sock=sock,
-                base_url=spec.base_url,
-                root_dir=home_seen,
-                config_file=f"{inside}/{CONFIG_NAME}",
-                as_root=uid is None and os.geteuid() == 0,
-                labextensions=LABEXTENSIONS_IN_WORKLOAD if mode == "bwrap" else str(LABEXTENSIONS_DIR),
-            )
+        as_root = uid is None
+        command = self._server_command(
+            spec, editor, python, sock=sock, inside=inside, home_seen=home_seen, as_root=as_root, mode=mode
+        )
         env = {
             "PATH": f"{Path(python).parent}:{SYSTEM_PATH}",
             "HOME": home_seen,
@@ -291,6 +269,55 @@ class ProcessRuntime(Runtime):
             limits=limits,
         )
 
+    @staticmethod
+    def _server_command(
+        spec: WorkloadSpec,
+        editor: tuple[str, str] | None,
+        python: str,
+        *,
+        sock: str,
+        inside: str,
+        home_seen: str,
+        as_root: bool,
+        mode: str,
+    ) -> list[str]:
+        """code-server for a vscode workload (``editor``: its node and folder), else JupyterLab."""
+        if editor is not None:
+            config = f"{inside}/{CODE_SERVER_CONFIG_NAME}"
+            return code_server_command(*editor, sock=sock, config_file=config, folder=home_seen)
+        return jupyter_command(
+            python,
+            sock=sock,
+            base_url=spec.base_url,
+            root_dir=home_seen,
+            config_file=f"{inside}/{CONFIG_NAME}",
+            as_root=as_root and os.geteuid() == 0,
+            labextensions=LABEXTENSIONS_IN_WORKLOAD if mode == "bwrap" else str(LABEXTENSIONS_DIR),
+        )
+
+    @staticmethod
+    def _layout(
+        spec: WorkloadSpec, python: str | None, *, home: Path, home_seen: str, private: Path
+    ) -> environments.Layout:
+        """How the environment runs (agents/environments.py), its kernel spec written into the private
+        folder; RuntimeStartError ``environment_unavailable``, the private folder removed, when it
+        cannot run here."""
+        try:
+            runs = environments.layout(
+                name=spec.environment.name,
+                python=python,
+                home_prefix=spec.environment.home_prefix,
+                home=home,
+                home_seen=home_seen,
+                path=SYSTEM_PATH,
+            )
+        except environments.EnvironmentUnavailable as exc:
+            shutil.rmtree(private.parent, ignore_errors=True)
+            raise RuntimeStartError(f"environment {spec.environment.name}: {exc}", code=exc.code) from None
+        if runs.kernel_spec is not None:
+            environments.kernel_spec_write(private, runs.kernel_spec)
+        return runs
+
     def _folders(self, spec: WorkloadSpec, uid: int | None) -> tuple[Path, Path]:
         """The user's home (kept) and a fresh private folder for the session (Jupyter's config with
         the token, its socket and runtime files), owned by the sandbox's uid when there is one."""
@@ -341,11 +368,12 @@ class ProcessRuntime(Runtime):
         teams: list[sandbox.TeamMount],
         groups: list[int],
     ) -> list[str]:
-        # a vscode workload also needs code-server's folder and its node's, read-only
+        # a vscode workload also needs code-server's folder, the node_modules npm hoisted its
+        # dependencies into, and its node's folder, read-only (wherever they are: under /tmp too)
         editor = []
         if spec.environment.interface == "vscode":
             node, code_server = self._code_server()
-            editor = [code_server, str(Path(os.path.realpath(node)).parent)]
+            editor = [str(Path(code_server).parent), str(Path(os.path.realpath(node)).parent)]
         return sandbox.bwrap_command(
             bwrap=shutil.which("bwrap") or "bwrap",
             user=spec.user,

@@ -19,7 +19,8 @@ from_english = importlib.import_module("provisioner.migrations.0005_messages_fro
 VALUES = {"user": "alice", "node": "node-a", "gpu_model": "A100-SXM4-80GB", "profile": "1/4", "why": "oops",
           "actor": "bob", "minutes": 15, "seconds": 300, "code": "409", "time": "12:00:01", "percent": 80,
           "spent": "¥12.00", "card_hours": "3.50", "count": 2, "session": "1a2b3c4d", "date": "2027-06-01",
-          "days": 180}  # fmt: skip
+          "days": 180, "environment": "torch-2.5", "team": "vision-lab", "used": "9.8 GB", "limit": "10.0 GB",
+          "files": "1,200", "max_files": "5,000"}  # fmt: skip
 
 
 def _filled(key: str):
