@@ -9,6 +9,7 @@ is already on disk (the file is rewritten from the node's sealed token when they
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -31,7 +32,8 @@ GPU_MODELS = [
 # micro-units of SITE_CURRENCY per hour of a whole card (slices pay their fraction); cpu: no GPU
 PRICES = [("A100-SXM4-80GB", "whole", 2_000_000), ("T4", "whole", 400_000), ("H200", "whole", 5_000_000)]
 CPU_PRICE = 50_000
-NODES = [("node-a", "http://127.0.0.1:8701"), ("node-b", "http://127.0.0.1:8702")]
+# where the Procfile's agents listen (AGENT_A_PORT / AGENT_B_PORT, as `make run` passes them)
+NODES = [("node-a", "AGENT_A_PORT", 8701), ("node-b", "AGENT_B_PORT", 8702)]
 # Neither HAMi's libvgpu.so nor MPS is on a demo host: slices time-share (memory cap only).
 NODE_LABELS = {"sharing_policy": "best-effort"}
 PROFILES = [("whole", "whole", 8, 8), ("1/2", "slice", 4, 4), ("1/4", "slice", 2, 2), ("1/8", "slice", 1, 1)]
@@ -101,13 +103,15 @@ def seed(*, data_dir: Path | str) -> dict:
     )
     Environment.objects.update_or_create(
         name=VSCODE_ENVIRONMENT,
+        owner=None,
         defaults={"python": sys.executable, "image": "", "interface": "vscode", "enabled": True},
     )
     for gpu_model, profile, micros in [*PRICES, ("", "cpu", CPU_PRICE)]:
         if _current_price(gpu_model, profile) != micros:
             price_set(gpu_model=gpu_model, profile=profile, price_micros_per_hour=micros, reason="demo seed")
             done["prices"].append(f"{gpu_model or 'cpu'} {profile}")
-    for name, address in NODES:
+    for name, port_variable, default_port in NODES:
+        address = f"http://127.0.0.1:{os.environ.get(port_variable) or default_port}"
         path = data_dir / "agents" / name / "token"
         node = Node.objects.filter(name=name).first()
         if node is None:
@@ -116,6 +120,8 @@ def seed(*, data_dir: Path | str) -> dict:
             outcome = "enrolled"
         else:
             outcome = _ensure_token_file(node, path)
+            if node.address != address:  # the demo's agents moved to other ports since the last run
+                Node.objects.filter(pk=node.pk).update(address=address)
         done["nodes"][name] = {"address": address, "token_file": str(path), "token": outcome}
     return done
 

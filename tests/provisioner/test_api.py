@@ -769,6 +769,23 @@ def test_the_demo_seed_is_idempotent_and_keeps_tokens(db, tmp_path):
     assert Environment.objects.get(interface="vscode").python
 
 
+def test_the_demo_nodes_are_dialled_where_the_procfiles_agents_listen(db, tmp_path, monkeypatch):
+    """`make run` with AGENT_A_PORT / AGENT_B_PORT: the portal must dial those ports, also after a run
+    that used others (the launch worked, then every start and the proxy met a refused connection)."""
+    from provisioner.demo import seed
+    from provisioner.models import Node
+
+    seed(data_dir=tmp_path)
+    assert Node.objects.get(name="node-a").address == "http://127.0.0.1:8701"
+    monkeypatch.setenv("AGENT_A_PORT", "8761")
+    monkeypatch.setenv("AGENT_B_PORT", "8762")
+    assert seed(data_dir=tmp_path)["nodes"]["node-b"]["address"] == "http://127.0.0.1:8762"
+    assert dict(Node.objects.values_list("name", "address")) == {
+        "node-a": "http://127.0.0.1:8761",
+        "node-b": "http://127.0.0.1:8762",
+    }
+
+
 def test_the_sessions_list_takes_as_many_queries_for_twelve_sessions_as_for_three(
     fleet, sent_tasks, django_assert_max_num_queries
 ):
