@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import models
-from django.db.models.functions import Now
+from django.db.models.functions import Coalesce, Now
 from django.utils.translation import gettext_lazy as _
 
 
@@ -270,6 +270,70 @@ class CardBurnRate(models.Model):
 # --- metering -----------------------------------------------------------------------------------------
 
 
+def billed_now_sql(
+    now: str = "statement_timestamp()",
+    *,
+    billed: str = "billed_seconds",
+    alive: str = "alive_until",
+    started: str = "started_at",
+    state: str = "state",
+) -> str:
+    """SQL for the whole seconds a meter has billed as of ``now``: an open meter's run from ``started``
+    to min(``now``, ``alive``), never less than what it stored; a closed meter's stored seconds. The
+    arguments are SQL: the meter's columns (as named in billing_meter by default, or compiled
+    expressions) and the time."""
+    return (
+        f"(CASE WHEN {state} = 'open' THEN GREATEST({billed}, "
+        f"floor(extract(epoch FROM (LEAST({now}, {alive}) - {started})))::bigint) ELSE {billed} END)"
+    )
+
+
+def accrued_now_sql(
+    now: str = "statement_timestamp()",
+    *,
+    price: str = "price_micros_per_hour",
+    posted: str = "posted_seconds",
+    **columns: str,
+) -> str:
+    """SQL for the money-equivalent of a meter's seconds billed as of ``now`` but not posted."""
+    return f"({price} * {billed_now_sql(now, **columns)} / 3600 - {price} * {posted} / 3600)"
+
+
+class _MeterNow(models.Func):
+    """A meter's figure as of the statement's time, from its columns (see ``billed_now_sql``)."""
+
+    output_field = models.BigIntegerField()
+    columns = ("billed_seconds", "alive_until", "started_at", "state")
+
+    def __init__(self) -> None:
+        super().__init__(*(models.F(column) for column in self.columns))
+
+    def as_sql(self, compiler, connection, **extra_context):
+        sqls, params = [], []
+        for expression in self.get_source_expressions():
+            sql, more = compiler.compile(expression)
+            sqls.append(sql)
+            params.extend(more)
+        return self.sql_from(*sqls), params
+
+
+class BilledNow(_MeterNow):
+    """``Meter.objects.annotate(billed=BilledNow())``: whole seconds billed as of now."""
+
+    def sql_from(self, billed, alive, started, state) -> str:
+        return billed_now_sql(billed=billed, alive=alive, started=started, state=state)
+
+
+class AccruedNow(_MeterNow):
+    """``Meter.objects.annotate(accrued=AccruedNow())``: money for seconds billed as of now, not posted."""
+
+    columns = (*_MeterNow.columns, "price_micros_per_hour", "posted_seconds")
+
+    def sql_from(self, billed, alive, started, state, price, posted) -> str:
+        columns = {"billed": billed, "alive": alive, "started": started, "state": state}
+        return accrued_now_sql(price=price, posted=posted, **columns)
+
+
 class Meter(models.Model):
     """The billing side of one session, at the price it launched at.
 
@@ -278,6 +342,11 @@ class Meter(models.Model):
     ``card_seconds`` (burning cards) and ``wallet_seconds`` (money). Each source's total is
     cumulative: ``charged_micros == price × wallet_seconds // 3600`` and
     ``card_charged_micros == card_burn × card_seconds // 3600``, so rounding never drifts.
+
+    The watermark moves when the meter is posted (once a posting interval) and when it closes; in
+    between, what an open meter has run is computed when read (``BilledNow``, ``AccruedNow``), so the
+    metering tick writes only the meters it posts. ``accrued_micros`` is what was unposted at the last
+    write (0 after a posting).
     """
 
     class State(models.TextChoices):
@@ -325,6 +394,23 @@ class Meter(models.Model):
         ]
         indexes = [
             models.Index(fields=["account"], condition=models.Q(state="open"), name="meter_open_by_account"),
+            # the tick's two look-ups: the meters due for a posting, and the accounts it watches every tick
+            # (told their runway is short or gone, or with a meter not yet posted: a new launch)
+            models.Index(
+                Coalesce("last_posted_at", "started_at"),
+                condition=models.Q(state="open"),
+                name="meter_open_posted",
+            ),
+            models.Index(
+                fields=["account"],
+                condition=models.Q(state="open")
+                & (
+                    models.Q(runway_warned_at__isnull=False)
+                    | models.Q(exhausted_at__isnull=False)
+                    | models.Q(last_posted_at__isnull=True)
+                ),
+                name="meter_open_watched",
+            ),
         ]
 
     def __str__(self) -> str:

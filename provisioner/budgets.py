@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from django.db.models import CharField, Q
 from django.db.models.functions import Cast
 
-from billing.models import Account, Meter
+from billing.models import Account, AccruedNow, Meter
 from provisioner.models import Quota, Session
 from provisioner.quotas import Limits, limits_of_quota, month_start
 
@@ -91,8 +91,9 @@ def budgets_of(pairs: set[tuple[int, int]]) -> list[Budget]:
     )
     whose = {ref: (owner, account) for ref, owner, account in month}
     spent: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])
-    for ref, charged, accrued, card in Meter.objects.filter(session_ref__in=list(whose)).values_list(
-        "session_ref", "charged_micros", "accrued_micros", "card_charged_micros"
+    meters = Meter.objects.filter(session_ref__in=list(whose)).annotate(accrued=AccruedNow())
+    for ref, charged, accrued, card in meters.values_list(
+        "session_ref", "charged_micros", "accrued", "card_charged_micros"
     ):
         owner, account = whose[ref]
         for key in (("you", owner, None), ("team", None, account), ("member", owner, account)):

@@ -21,7 +21,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
 from billing.audit import audit_record
-from billing.models import Account, Meter
+from billing.models import Account, AccruedNow, Meter
 from billing.rules import folder_grants_of
 from core.errors import QuotaExceeded, ValidationFailed
 from provisioner.messages import Message, message
@@ -113,7 +113,7 @@ def _use(month: datetime) -> dict:
     return {
         "live_sessions": Count("id", filter=live),
         "live_eighths": Coalesce(Sum("profile__quota_eighths", filter=live), 0),
-        "spend": Coalesce(Sum(meter(F("charged_micros") + F("accrued_micros")), filter=this_month), 0),
+        "spend": Coalesce(Sum(meter(F("charged_micros") + AccruedNow()), filter=this_month), 0),
         "card": Coalesce(Sum(meter(F("card_charged_micros")), filter=this_month), 0),
     }
 

@@ -1,9 +1,10 @@
 """Metering: per-second billing of running sessions from the database clock.
 
 A meter bills whole seconds from ``started_at`` up to min(now, ``alive_until``) (the last time the
-agent confirmed the workload alive). The tick is set-based: one UPDATE accrues every open meter; the
-meters due for a posting (at most one per meter per ``BILLING_POSTING_INTERVAL_SECONDS``) are
-posted in bulk through ``ledger.transfers_post_many``: cards burn first (cards restricted to the
+agent confirmed the workload alive), computed when read (``billing.models.AccruedNow``): the tick
+writes only the meters due for a posting (at most one per meter per
+``BILLING_POSTING_INTERVAL_SECONDS``, found through an index), and posts them in bulk through
+``ledger.transfers_post_many``: cards burn first (cards restricted to the
 session's GPU model, then earliest expiry, then oldest), then the wallet, and any overshoot goes to
 the account's overdraft. Watermarks and postings commit in one transaction, and every posting's
 idempotency key is derived from the meter id and its watermark, so a worker killed halfway loses
@@ -25,7 +26,17 @@ from django.db.models import Sum
 from django.utils.translation import gettext as _
 
 from billing import signals
-from billing.models import CARD_UNIT, Account, LedgerAccount, Meter, Transfer
+from billing.models import (
+    CARD_UNIT,
+    Account,
+    AccruedNow,
+    BilledNow,
+    LedgerAccount,
+    Meter,
+    Transfer,
+    accrued_now_sql,
+    billed_now_sql,
+)
 from billing.selectors import account_funds
 from billing.services.ledger import (
     Leg,
@@ -59,7 +70,7 @@ class MeterCost:
 
 @dataclass(frozen=True)
 class TickResult:
-    accrued_meters: int
+    accrued_meters: int  # meters whose watermark moved (those posted)
     posted_meters: int
     transfers: int
     exhausted_session_refs: list[str]
@@ -197,7 +208,12 @@ def meter_cost(*, session_ref: str) -> MeterCost:
 def meter_costs(*, session_refs: list[str]) -> dict[str, MeterCost]:
     """``meter_cost`` of many sessions in two queries, whatever their number; a session never
     metered (it has not run) is left out. Reads only."""
-    meters = {m.id: m for m in Meter.objects.filter(session_ref__in=set(session_refs))}
+    meters = {
+        m.id: m
+        for m in Meter.objects.filter(session_ref__in=set(session_refs)).annotate(
+            billed_now=BilledNow(), accrued_now=AccruedNow()
+        )
+    }
     by_kind = {meter_id: {"card": 0, "wallet": 0, "overdraft": 0} for meter_id in meters}
     if meters:
         paid = (
@@ -210,11 +226,11 @@ def meter_costs(*, session_refs: list[str]) -> dict[str, MeterCost]:
     return {
         meter.session_ref: MeterCost(
             charged_micros=meter.charged_micros,
-            accrued_micros=meter.accrued_micros,
+            accrued_micros=meter.accrued_now,
             card_micros=by_kind[meter.id]["card"],
             wallet_micros=by_kind[meter.id]["wallet"],
             overdraft_micros=by_kind[meter.id]["overdraft"],
-            billed_seconds=meter.billed_seconds,
+            billed_seconds=meter.billed_now,
         )
         for meter in meters.values()
     }
@@ -222,50 +238,48 @@ def meter_costs(*, session_refs: list[str]) -> dict[str, MeterCost]:
 
 # --- the tick -----------------------------------------------------------------------------------------
 
-# One pass: each open meter not locked by a concurrent close or heartbeat (SKIP LOCKED: the tick never
-# waits on a meter, so it needs no lock order among them) gets its whole seconds up to min(now, alive),
-# and the same statement returns the locked meters due for a posting (one row with no meter when none
-# is due; ``accrued`` counts the meters whose watermark moved).
-_ACCRUE_SQL = """
-WITH calc AS MATERIALIZED (
+# The meters due for a posting (last posted a posting interval ago, with seconds to post), locked:
+# each one not locked by a concurrent close or heartbeat (SKIP LOCKED: the tick never waits on a
+# meter, so it needs no lock order among them), with its whole seconds up to min(now, alive). Found
+# through the index on when each open meter was last posted; the others are not read.
+_DUE_SQL = f"""
+SELECT id, account_id, gpu_model, price_micros_per_hour, card_burn_micros_per_hour, billed_seconds,
+       posted_seconds, card_seconds, wallet_seconds
+FROM (
     SELECT id, account_id, gpu_model, price_micros_per_hour, card_burn_micros_per_hour, posted_seconds,
-           card_seconds, wallet_seconds, COALESCE(last_posted_at, started_at) AS posted_at,
-           billed_seconds AS billed_before,
-           GREATEST(
-               billed_seconds,
-               floor(extract(epoch FROM (LEAST(%(now)s, alive_until) - started_at)))::bigint
-           ) AS billed_seconds
-    FROM billing_meter WHERE state = 'open' FOR UPDATE SKIP LOCKED
-), accrued AS (
-    UPDATE billing_meter m SET
-        billed_seconds = calc.billed_seconds,
-        billed_until = m.started_at + make_interval(secs => calc.billed_seconds::double precision),
-        accrued_micros = m.price_micros_per_hour * calc.billed_seconds / 3600
-                       - m.price_micros_per_hour * m.posted_seconds / 3600
-    FROM calc
-    WHERE m.id = calc.id AND calc.billed_seconds > calc.billed_before
-    RETURNING m.id
-)
-SELECT (SELECT count(*) FROM accrued) AS accrued, due.*
-FROM (SELECT 1) AS one LEFT JOIN (
-    SELECT id, account_id, gpu_model, price_micros_per_hour, card_burn_micros_per_hour, billed_seconds,
-           posted_seconds, card_seconds, wallet_seconds
-    FROM calc
-    WHERE billed_seconds > posted_seconds AND posted_at <= %(now)s - make_interval(secs => %(interval)s)
-) AS due ON true
-ORDER BY due.id
-"""
+           card_seconds, wallet_seconds,
+           {billed_now_sql("%(now)s")} AS billed_seconds
+    FROM billing_meter
+    WHERE state = 'open'
+      AND COALESCE(last_posted_at, started_at) <= %(now)s - make_interval(secs => %(interval)s)
+    ORDER BY id FOR UPDATE SKIP LOCKED
+) due
+WHERE billed_seconds > posted_seconds
+ORDER BY id
+"""  # noqa: S608 (no input in the f-string: billing.models' SQL for seconds billed as of now)
 
-# Runway of every account with open meters in one statement; the session refs are gathered only for
-# the few accounts this tick signals (gathering them for every account, or for every account whose
-# runway is short though it was told already, is most of the cost).
-_RUNWAY_SQL = """
-WITH om AS (
+# The runway of the accounts the tick checks, in one statement: those it posted for, those told their
+# runway is short or gone (every tick, so that the end of their funds is seen at once), and those with
+# a meter not posted yet (a launch: its burn is new). The others had more than the warning at their
+# last posting, at most a posting interval ago, and are warned that much ahead (``_signal_runway``).
+# Funds taken away at once (a refund, a dispute, a revoked card) are seen at the account's next
+# posting, within the interval; the overdraft takes the rest. Accruals are computed as of now. The
+# session refs are gathered only for the few accounts this tick signals.
+_RUNWAY_SQL = f"""
+WITH checked AS (
+    SELECT unnest(%(posted)s::bigint[]) AS account_id
+    UNION
+    SELECT account_id FROM billing_meter
+    WHERE state = 'open'
+      AND (runway_warned_at IS NOT NULL OR exhausted_at IS NOT NULL OR last_posted_at IS NULL)
+), om AS (
     SELECT account_id, sum(price_micros_per_hour) AS price, sum(card_burn_micros_per_hour) AS burn,
-           sum(accrued_micros) AS accrued, array_agg(DISTINCT gpu_model) AS models,
+           sum({accrued_now_sql("%(now)s")}) AS accrued,
+           array_agg(DISTINCT gpu_model) AS models,
            bool_or(runway_warned_at IS NULL) AS unwarned, bool_or(runway_warned_at IS NOT NULL) AS warned,
            bool_or(exhausted_at IS NULL OR exhausted_at <= %(now)s - interval '60 seconds') AS unsignalled
-    FROM billing_meter WHERE state = 'open' GROUP BY account_id HAVING sum(price_micros_per_hour) > 0
+    FROM billing_meter WHERE state = 'open' AND account_id IN (SELECT account_id FROM checked)
+    GROUP BY account_id HAVING sum(price_micros_per_hour) > 0
 ), money AS (
     SELECT la.owner_id AS account_id, sum(la.balance_micros) AS money
     FROM billing_ledgeraccount la JOIN om ON om.account_id = la.owner_id
@@ -294,15 +308,17 @@ WITH om AS (
 SELECT low.account_id, array_agg(m.session_ref ORDER BY m.id), low.seconds, low.unwarned, low.unsignalled
 FROM low JOIN billing_meter m ON m.account_id = low.account_id AND m.state = 'open'
 GROUP BY low.account_id, low.seconds, low.unwarned, low.unsignalled
-"""
+"""  # noqa: S608 (no input in the f-string: billing.models' SQL for accruals as of now)
 
 
 def metering_tick(*, now: datetime | None = None) -> TickResult:
-    """Accrue every open meter up to ``now`` (default: the database clock) and post those due.
+    """Post every open meter due for a posting up to ``now`` (default: the database clock), and check
+    the runways of the accounts it posted for and of those already told theirs is short.
 
     Idempotent and safe to run from several workers: one tick at a time (advisory lock; a tick that
     finds it taken returns at once), meters locked by a concurrent ``meter_close`` are left to the next
-    tick. Sends ``runway_low`` and ``funds_exhausted`` after commit.
+    tick. Meters not due are not written: what they have run is computed when read (``AccruedNow``).
+    Sends ``runway_low``, ``runway_recovered`` and ``funds_exhausted`` after commit.
     """
     with transaction.atomic(), bulk_cursor() as cursor:
         cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [TICK_LOCK_KEY])
@@ -311,16 +327,12 @@ def metering_tick(*, now: datetime | None = None) -> TickResult:
         if now is None:
             cursor.execute("SELECT clock_timestamp()")
             now = cursor.fetchone()[0]
-        cursor.execute(
-            _ACCRUE_SQL, {"now": now, "interval": float(settings.BILLING_POSTING_INTERVAL_SECONDS)}
-        )
-        columns = [c.name for c in cursor.description][1:]
-        rows = cursor.fetchall()
-        accrued = rows[0][0]
-        due = [dict(zip(columns, row[1:], strict=True)) for row in rows if row[1] is not None]
+        cursor.execute(_DUE_SQL, {"now": now, "interval": float(settings.BILLING_POSTING_INTERVAL_SECONDS)})
+        columns = [c.name for c in cursor.description]
+        due = [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]
         transfers = _post(due, now=now) if due else 0
-        exhausted = _signal_runway(cursor, now)
-    return TickResult(accrued, len(due), transfers, exhausted)
+        exhausted = _signal_runway(cursor, now, posted_accounts={m["account_id"] for m in due})
+    return TickResult(len(due), len(due), transfers, exhausted)
 
 
 def _row(meter: Meter) -> dict:
@@ -363,9 +375,11 @@ def _post(meters: list[dict], *, now: datetime) -> int:
         transfers = transfers_post_many(legs=legs)
         cursor.execute(
             """
-            UPDATE billing_meter m SET posted_seconds = v.posted, card_seconds = v.card_s,
+            UPDATE billing_meter m SET billed_seconds = v.posted,
+                billed_until = m.started_at + make_interval(secs => v.posted::double precision),
+                posted_seconds = v.posted, card_seconds = v.card_s,
                 wallet_seconds = v.wallet_s, charged_micros = v.charged, card_charged_micros = v.card_charged,
-                accrued_micros = m.price_micros_per_hour * m.billed_seconds / 3600 - v.charged_total,
+                accrued_micros = m.price_micros_per_hour * v.posted / 3600 - v.charged_total,
                 last_posted_at = %s
             FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[],
                         %s::bigint[])
@@ -535,12 +549,17 @@ def _allocate(meter: dict, account_cards: list[tuple], balance: dict[int, int]) 
     return taken
 
 
-def _signal_runway(cursor, now: datetime) -> list[str]:
-    """Find the accounts whose runway is short, gone, or back above twice the warning (funds were
-    added since a warning); mark their meters and send the signals after commit. Returns the refs of
-    the sessions whose funds are exhausted."""
-    warn = settings.BILLING_RUNWAY_WARN_SECONDS
-    cursor.execute(_RUNWAY_SQL, {"now": now, "unit": money_unit(), "warn": warn})
+def _signal_runway(cursor, now: datetime, *, posted_accounts: set[int]) -> list[str]:
+    """Find, among the accounts checked (see ``_RUNWAY_SQL``), those whose runway is short, gone, or back
+    above twice the warning (funds were added since a warning); mark their meters and send the signals
+    after commit. Returns the refs of the sessions whose funds are exhausted."""
+    # an account is checked at least once a posting interval: warned that much ahead, it is never told
+    # later than BILLING_RUNWAY_WARN_SECONDS before its funds end
+    warn = settings.BILLING_RUNWAY_WARN_SECONDS + settings.BILLING_POSTING_INTERVAL_SECONDS
+    cursor.execute(
+        _RUNWAY_SQL,
+        {"now": now, "unit": money_unit(), "warn": warn, "posted": bigint_array(sorted(posted_accounts))},
+    )
     exhausted_refs: list[str] = []
     low: list[tuple[int, int, list[str]]] = []
     recovered: list[tuple[int, list[str]]] = []

@@ -52,6 +52,7 @@ def test_funds_agree_with_usable_cards_for_every_model(prices):
     _cards_of(other, variants=[([], "active", 10)])
     fund(user.account, 7 * HOUR)
     quote = price_quote(gpu_model=A100, profile="whole")
+    alive = timezone.now()
     Meter.objects.create(
         account=user.account,
         session_ref="s-1",
@@ -59,10 +60,10 @@ def test_funds_agree_with_usable_cards_for_every_model(prices):
         profile="whole",
         price_micros_per_hour=quote.price_micros_per_hour,
         card_burn_micros_per_hour=quote.card_burn_micros_per_hour,
-        accrued_micros=1234,
-        started_at=timezone.now(),
-        billed_until=timezone.now(),
-        alive_until=timezone.now(),
+        # 100 s run and confirmed alive, none of it posted: accrued as of now, not as of a tick
+        started_at=alive - timedelta(seconds=100),
+        billed_until=alive - timedelta(seconds=100),
+        alive_until=alive,
     )
     for gpu_model in (None, A100, "T4", "H200", ""):
         expected = (
@@ -76,7 +77,11 @@ def test_funds_agree_with_usable_cards_for_every_model(prices):
     assert account_funds(account=user.account).cards_micros == 5 * 3 * HOUR  # the five active, unexpired
     assert account_funds(account=user.account, gpu_model="H200").cards_micros == 2 * 3 * HOUR
     funds = account_funds(account=user.account)
-    assert (funds.wallet_micros, funds.overdraft_micros, funds.accrued_micros) == (7 * HOUR, 0, 1234)
+    assert (funds.wallet_micros, funds.overdraft_micros, funds.accrued_micros) == (
+        7 * HOUR,
+        0,
+        quote.price_micros_per_hour * 100 // 3600,
+    )
     assert funds.burn_micros_per_hour == quote.price_micros_per_hour
     assert funds.card_burn_micros_per_hour == quote.card_burn_micros_per_hour
     empty = account_funds(account=other.account, gpu_model=A100)

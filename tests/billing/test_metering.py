@@ -6,6 +6,7 @@ import pytest
 
 from billing import signals
 from billing.models import Meter
+from billing.selectors import account_funds
 from billing.services.ledger import wallet_for
 from billing.services.metering import (
     account_can_launch,
@@ -60,21 +61,29 @@ def test_tick_is_cumulative_and_never_drifts(prices):
     assert_ledger_invariants()
 
 
-def test_posts_at_most_once_a_minute_and_accrues_between(prices):
+def test_posts_at_most_once_an_interval_and_reads_the_rest_live(prices, settings):
+    interval = settings.BILLING_POSTING_INTERVAL_SECONDS
     account = make_account()
     fund(account, 100_000_000)
     meter = _open(account)
     start = meter.started_at
-    meter_alive(session_refs=["s1"], alive_at=start + timedelta(hours=1))
-    metering_tick(now=start + timedelta(seconds=60))
-    meter.refresh_from_db()
+    meter_alive(session_refs=["s1"], alive_at=start + timedelta(seconds=interval + 30))
+    metering_tick(now=start + timedelta(seconds=interval))
     posted = meter.transfers.count()
-    metering_tick(now=start + timedelta(seconds=90))
+    metering_tick(now=start + timedelta(seconds=interval + 30))
     meter.refresh_from_db()
+    # at most one posting an interval, and the tick writes only the meters it posts
     assert meter.transfers.count() == posted
-    assert meter.billed_seconds == 90 and meter.posted_seconds == 60
-    assert meter.accrued_micros == 12_000_000 * 90 // 3600 - 12_000_000 * 60 // 3600
-    assert meter_cost(session_ref="s1").accrued_micros == meter.accrued_micros
+    assert meter.billed_seconds == interval and meter.posted_seconds == interval
+    # what ran since is read as of now: up to the last time the agent confirmed it alive
+    cost = meter_cost(session_ref="s1")
+    assert cost.billed_seconds == interval + 30
+    assert cost.accrued_micros == 12_000_000 * (interval + 30) // 3600 - 12_000_000 * interval // 3600
+    assert account_funds(account=account).accrued_micros == cost.accrued_micros
+    metering_tick(now=start + timedelta(seconds=2 * interval + 1))
+    meter.refresh_from_db()
+    assert (meter.billed_seconds, meter.posted_seconds, meter.accrued_micros) == (interval + 30,) * 2 + (0,)
+    assert meter_cost(session_ref="s1").accrued_micros == 0
 
 
 def test_replayed_tick_bills_nothing_twice(prices):
@@ -165,11 +174,12 @@ def test_meter_open_is_idempotent_and_close_is_final(prices):
     assert_ledger_invariants()
 
 
-def test_tick_uses_database_clock_by_default(prices):
+def test_tick_uses_database_clock_by_default(prices, settings):
+    age = settings.BILLING_POSTING_INTERVAL_SECONDS + 20  # due for its first posting
     account = make_account()
     fund(account, 10_000_000)
-    meter = _open(account, started=db_now() - timedelta(seconds=120))
+    meter = _open(account, started=db_now() - timedelta(seconds=age))
     meter_alive(session_refs=["s1"], alive_at=db_now() + timedelta(hours=1))
     metering_tick()
     meter.refresh_from_db()
-    assert 119 <= meter.billed_seconds <= 125
+    assert age - 1 <= meter.billed_seconds <= age + 5

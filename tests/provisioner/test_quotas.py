@@ -4,7 +4,10 @@ behind: no session, no allocation."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
+from django.db.models import F
 from django.utils import timezone, translation
 
 from billing.models import AuditEntry, Meter
@@ -146,7 +149,10 @@ def test_monthly_spend_cap(fleet):
     first = launch(user)
     _spent(first, 4_999_999)
     launch(user)  # under the cap: admitted
-    Meter.objects.filter(session_ref=first.ref).update(accrued_micros=1)
+    # a minute run and confirmed alive since, not posted yet: it counts as spent, read as of now
+    Meter.objects.filter(session_ref=first.ref).update(
+        started_at=F("started_at") - timedelta(minutes=1), alive_until=F("started_at")
+    )
     error = _refused(user, r"^You reached this month's spending cap\.$")
     assert error.code == "quota_spend"
 

@@ -86,6 +86,7 @@ def test_funds_running_out_are_warned_once_then_stopped_with_nothing_billed_afte
     node, sent_tasks, settings, django_capture_on_commit_callbacks
 ):
     settings.BILLING_RUNWAY_WARN_SECONDS = 600
+    settings.BILLING_POSTING_INTERVAL_SECONDS = 60  # warned at most that much ahead: under 11 minutes
     user = make_user(funds=3_000_000)  # 15 minutes of an A100 at 12/h
     (session,) = running(node, launch(user))
     start = session.running_at
