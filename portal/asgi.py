@@ -7,7 +7,10 @@ it as separate processes when traffic grows (same code, same settings, same data
 
 import os
 
-from django.core.asgi import get_asgi_application
+import django
+from asgiref.sync import sync_to_async
+from django.core.handlers.asgi import ASGIHandler
+from django.http import FileResponse
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 
@@ -22,7 +25,32 @@ def _pool_size() -> str:
 
 os.environ.setdefault("DATABASE_POOL_SIZE", _pool_size())  # see portal/settings.py
 
-django_application = get_asgi_application()
+
+class SyncChainASGIHandler(ASGIHandler):
+    """Django's ASGI handler, with the request's middleware and view run in one thread, in one go.
+
+    Every middleware of the portal is synchronous. Django's own handler builds the chain for async
+    mode, so a request goes from its thread to the event loop and back twice: the innermost middleware
+    hands the view to the loop, which hands it to the thread again. Under load the event loop is busy
+    with the proxy and every socket, and each crossing waits its turn. Here the chain is built for sync
+    mode and run whole by one ``sync_to_async`` call (in the request's own thread, as Django's would).
+    Reading the body and sending the answer stay in the event loop.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.load_middleware(is_async=False)
+
+    async def run_get_response(self, request):
+        response = await sync_to_async(self.get_response, thread_sensitive=True)(request)
+        response._handler_class = self.__class__
+        if isinstance(response, FileResponse):
+            response.block_size = self.chunk_size  # as Django's: the server chunks file answers
+        return response
+
+
+django.setup(set_prefix=False)
+django_application = SyncChainASGIHandler()
 
 from portal.health import liveness_asgi  # noqa: E402  (needs Django set up first)
 from portal.proxy import PREFIX, JupyterProxy  # noqa: E402

@@ -392,6 +392,14 @@ def _record_inventory(
             fields={"inventory.gpus": "a device UUID belongs to another node"},
         )
     models = list(GpuModel.objects.all())
+    # Most beats change nothing: then no device is locked (a launch placing on one is never held up by
+    # a node's heartbeat), and ``last_seen_at`` moves on every device not locked at this instant.
+    seen = {d.uuid: d for d in Device.objects.filter(node=node).order_by("id")}
+    if _inventory_unchanged(gpus, seen, models):
+        _devices_seen([d.id for d in seen.values()], now)
+        return {g["uuid"]: seen[g["uuid"]] for g in gpus} | {
+            m["uuid"]: seen[m["uuid"]] for g in gpus for m in g.get("mig_devices", [])
+        }
     existing = {
         d.uuid: d
         for d in Device.objects.select_for_update(of=("self",), no_key=True).filter(node=node).order_by("id")
@@ -414,30 +422,15 @@ def _record_inventory(
     new_policy = _new_device_policy(node, served)
     for gpu in gpus:
         model = _model_for(gpu["name"], models)
-        model_id = model.pk if model else None
         device = upsert(
             existing.get(gpu["uuid"])
             or Device(node=node, uuid=gpu["uuid"], kind=Device.Kind.PHYSICAL, sharing_policy=new_policy),
-            index=gpu["index"],
-            nvml_name=gpu["name"][:100],
-            gpu_model_id=model_id,
-            pci_bus_id=str(gpu.get("pci_bus_id") or "")[:32],
-            topology_group=topology_group_clean(gpu.get("topology_group")),
-            memory_mib=gpu["memory_total_mib"],
-            mig_mode=bool(gpu.get("mig_mode")),
-            health=gpu.get("health", "ok"),
+            **_gpu_fields(gpu, model),
         )
         for mig in gpu.get("mig_devices", []):
             upsert(
                 existing.get(mig["uuid"]) or Device(node=node, uuid=mig["uuid"], kind=Device.Kind.MIG),
-                parent_id=device.pk,
-                index=device.index,
-                gpu_model_id=model_id,
-                nvml_name=device.nvml_name,
-                mig_profile=mig["profile"][:32],
-                memory_mib=mig.get("memory_total_mib") or 0,
-                health=device.health,
-                sharing_policy=Device.Sharing.EXCLUSIVE,
+                **_mig_fields(mig, device),
             )
     if unchanged:
         Device.objects.filter(id__in=unchanged).update(last_seen_at=now)
@@ -446,6 +439,64 @@ def _record_inventory(
         Device.objects.filter(id__in=gone).update(health=Device.Health.MISSING)
         catalog_changed()
     return by_uuid
+
+
+def _gpu_fields(gpu: dict, model: GpuModel | None) -> dict:
+    """A physical GPU's device fields as the inventory reports them."""
+    return {
+        "index": gpu["index"],
+        "nvml_name": gpu["name"][:100],
+        "gpu_model_id": model.pk if model else None,
+        "pci_bus_id": str(gpu.get("pci_bus_id") or "")[:32],
+        "topology_group": topology_group_clean(gpu.get("topology_group")),
+        "memory_mib": gpu["memory_total_mib"],
+        "mig_mode": bool(gpu.get("mig_mode")),
+        "health": gpu.get("health", "ok"),
+    }
+
+
+def _mig_fields(mig: dict, parent: Device) -> dict:
+    """A MIG device's fields as the inventory reports them, under its GPU's ``parent`` device."""
+    return {
+        "parent_id": parent.pk,
+        "index": parent.index,
+        "gpu_model_id": parent.gpu_model_id,
+        "nvml_name": parent.nvml_name,
+        "mig_profile": mig["profile"][:32],
+        "memory_mib": mig.get("memory_total_mib") or 0,
+        "health": parent.health,
+        "sharing_policy": Device.Sharing.EXCLUSIVE,
+    }
+
+
+def _inventory_unchanged(gpus: list[dict], devices: dict[str, Device], models: list[GpuModel]) -> bool:
+    """Whether the node's ``devices`` (read without locks) are already what ``gpus`` reports: none new,
+    none changed, none gone that is not marked missing yet."""
+
+    def same(device: Device | None, fields: dict) -> bool:
+        return device is not None and all(getattr(device, k) == v for k, v in fields.items())
+
+    for gpu in gpus:
+        device = devices.get(gpu["uuid"])
+        if not same(device, _gpu_fields(gpu, _model_for(gpu["name"], models))):
+            return False
+        if not all(same(devices.get(m["uuid"]), _mig_fields(m, device)) for m in gpu.get("mig_devices", [])):
+            return False
+    reported = {g["uuid"] for g in gpus} | {m["uuid"] for g in gpus for m in g.get("mig_devices", [])}
+    return all(d.health == Device.Health.MISSING for u, d in devices.items() if u not in reported)
+
+
+def _devices_seen(device_ids: list[int], now: datetime) -> None:
+    """``last_seen_at = now`` on these devices, skipping any a placement holds at this instant (the
+    next beat marks it): one statement, no wait."""
+    if not device_ids:
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE provisioner_device SET last_seen_at = %s WHERE id IN (SELECT id FROM provisioner_device "
+            "WHERE id = ANY(%s) ORDER BY id FOR NO KEY UPDATE SKIP LOCKED)",
+            [now, device_ids],
+        )
 
 
 _HOME_USAGE_SQL = """

@@ -149,6 +149,44 @@ def test_runway_low_warns_once(prices):
     assert got == [(account.id, 450, ["s1"])]
 
 
+def test_an_account_told_its_runway_is_short_is_watched_every_tick_between_postings(prices, settings):
+    """Between a meter's postings the tick does not read it, unless its account was told its funds are
+    short: then the end of the funds is seen at the first tick after, not at the next posting."""
+    settings.BILLING_POSTING_INTERVAL_SECONDS = 300
+    settings.BILLING_RUNWAY_WARN_SECONDS = 600
+    account = make_account()
+    fund(account, 1_500_000)  # 450 s of an A100 at 12/h
+    meter = _open(account)
+    start = meter.started_at
+    meter_alive(session_refs=["s1"], alive_at=start + timedelta(hours=1))
+    low, exhausted = [], []
+
+    def on_low(sender, account_id, runway_seconds, session_refs, **kwargs):
+        low.append(runway_seconds)
+
+    def on_exhausted(sender, session_refs, **kwargs):
+        exhausted.append(session_refs)
+
+    signals.runway_low.connect(on_low)
+    signals.funds_exhausted.connect(on_exhausted)
+    try:
+        from django.test import TestCase
+
+        with TestCase.captureOnCommitCallbacks(execute=True):
+            metering_tick(now=start + timedelta(seconds=10))  # not posted yet: a new launch is watched
+            assert low == [440]
+            assert metering_tick(now=start + timedelta(seconds=300)).posted_meters == 1
+            result = metering_tick(now=start + timedelta(seconds=455))  # next posting due at 600 s
+    finally:
+        signals.runway_low.disconnect(on_low)
+        signals.funds_exhausted.disconnect(on_exhausted)
+    assert result.posted_meters == 0 and result.exhausted_session_refs == ["s1"]
+    assert exhausted == [["s1"]]
+    meter.refresh_from_db()
+    assert meter.posted_seconds == 300  # nothing written to the meter between its postings
+    assert account_funds(account=account).runway_seconds <= 0
+
+
 def test_admission_needs_minutes_of_funds(prices):
     account = make_account()
     quote = price_quote(gpu_model=A100, profile="whole")

@@ -61,3 +61,24 @@ def test_the_web_process_as_served_takes_its_pool_size_from_the_asgi_module():
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120, check=False
     )
     assert done.stdout.strip().splitlines()[-1:] == ["20"], done.stderr[-2000:]
+
+
+def test_django_runs_a_request_in_one_thread_with_no_hop_to_the_event_loop():
+    """Every middleware is synchronous: the chain is built for sync mode and run whole in the request's
+    thread (portal/asgi.py), not handed to the event loop and back between the middleware and the view
+    (which, under load, waits for the loop's turn twice per request)."""
+    import asyncio
+
+    from asgiref.sync import iscoroutinefunction
+
+    from portal.asgi import application, django_application
+
+    assert not iscoroutinefunction(django_application._middleware_chain)
+
+    async def get() -> httpx.Response:
+        transport = httpx.ASGITransport(app=application)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+            return await client.get("/login/")
+
+    answer = asyncio.run(get())
+    assert answer.status_code == 200 and answer.headers["Server-Timing"].startswith("app;dur=")
