@@ -174,8 +174,11 @@ def test_an_account_told_its_runway_is_short_is_watched_every_tick_between_posti
 
         with TestCase.captureOnCommitCallbacks(execute=True):
             metering_tick(now=start + timedelta(seconds=10))  # not posted yet: a new launch is watched
-            assert low == [440]
+        assert low == [440]
+        with TestCase.captureOnCommitCallbacks(execute=True):
             assert metering_tick(now=start + timedelta(seconds=300)).posted_meters == 1
+        assert exhausted == []
+        with TestCase.captureOnCommitCallbacks(execute=True):
             result = metering_tick(now=start + timedelta(seconds=455))  # next posting due at 600 s
     finally:
         signals.runway_low.disconnect(on_low)
