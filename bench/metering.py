@@ -67,7 +67,7 @@ from billing.services.ledger import (  # noqa: E402
     system_account,
     transfer_post,
 )
-from billing.services.metering import metering_tick  # noqa: E402
+from billing.services.metering import RUNWAY_CHECKED_SQL, metering_tick  # noqa: E402
 from billing.services.pricing import price_quote, price_set  # noqa: E402
 from core.clock import db_now  # noqa: E402
 
@@ -336,13 +336,7 @@ RETURNING meter.account_id
 # short or gone, or with a meter not posted yet), with accruals as of now, and those at or under the
 # warning or back above twice it: the accounts a tick would signal.
 FLOOR_RUNWAY_SQL = f"""
-WITH checked AS (
-    SELECT unnest(%(posted)s::bigint[]) AS account_id
-    UNION
-    SELECT account_id FROM billing_meter
-    WHERE state = 'open'
-      AND (runway_warned_at IS NOT NULL OR exhausted_at IS NOT NULL OR last_posted_at IS NULL)
-), om AS (
+WITH checked AS ({RUNWAY_CHECKED_SQL}), om AS (
     SELECT account_id, sum(price_micros_per_hour) AS price, sum(card_burn_micros_per_hour) AS burn,
            sum({accrued_now_sql("%(now)s")}) AS accrued,
            array_agg(DISTINCT gpu_model) AS models

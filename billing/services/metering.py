@@ -265,14 +265,15 @@ ORDER BY id
 # Funds taken away at once (a refund, a dispute, a revoked card) are seen at the account's next
 # posting, within the interval; the overdraft takes the rest. Accruals are computed as of now. The
 # session refs are gathered only for the few accounts this tick signals.
-_RUNWAY_SQL = f"""
-WITH checked AS (
+RUNWAY_CHECKED_SQL = """
     SELECT unnest(%(posted)s::bigint[]) AS account_id
     UNION
     SELECT account_id FROM billing_meter
     WHERE state = 'open'
       AND (runway_warned_at IS NOT NULL OR exhausted_at IS NOT NULL OR last_posted_at IS NULL)
-), om AS (
+"""  # the accounts a tick checks: those it posted for (``posted``) and those it watches (an index)
+_RUNWAY_SQL = f"""
+WITH checked AS ({RUNWAY_CHECKED_SQL}), om AS (
     SELECT account_id, sum(price_micros_per_hour) AS price, sum(card_burn_micros_per_hour) AS burn,
            sum({accrued_now_sql("%(now)s")}) AS accrued,
            array_agg(DISTINCT gpu_model) AS models,
