@@ -6,7 +6,24 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.backends import ModelBackend
 from django.core.exceptions import PermissionDenied
 
+from core.compiled import Lookup
 from provisioner.quotas import users_with_home_use
+
+# The request's user, with their account and their home's measured use and limits (the dashboard's and
+# the files page's line, and every page's home-removal banner): read on every request, compiled once.
+_REQUEST_USER = Lookup(
+    lambda pk: users_with_home_use(get_user_model()._default_manager.select_related("account")).filter(pk=pk),
+    key_types=(int,),
+)
+
+
+def request_user(user_id):
+    """The user a request's login names (any backend's ``get_user``), None if there is none."""
+    try:
+        pk = int(user_id)
+    except (TypeError, ValueError):
+        return None
+    return _REQUEST_USER.first(pk)
 
 
 class PasswordBackend(ModelBackend):
@@ -25,8 +42,5 @@ class PasswordBackend(ModelBackend):
         return user
 
     def get_user(self, user_id):
-        model = get_user_model()
-        # with their home's measured use and limits (the dashboard's and the files page's line)
-        users = users_with_home_use(model._default_manager.select_related("account"))
-        user = users.filter(pk=user_id).first()
+        user = request_user(user_id)
         return user if user is not None and self.user_can_authenticate(user) else None

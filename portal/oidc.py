@@ -27,8 +27,8 @@ from django.views import View
 from mozilla_django_oidc.auth import OIDCAuthenticationBackend
 from mozilla_django_oidc.views import OIDCAuthenticationCallbackView, OIDCAuthenticationRequestView
 
+from portal.backends import request_user
 from portal.services import team_join_by_claim, user_create_sso
-from provisioner.quotas import users_with_home_use
 
 log = logging.getLogger(__name__)
 
@@ -118,8 +118,7 @@ class SsoBackend(OIDCAuthenticationBackend):
 
     def get_user(self, user_id):
         """The user of a request signed in this way, read with their account (as PasswordBackend does)."""
-        users = users_with_home_use(self.UserModel._default_manager.select_related("account"))
-        user = users.filter(pk=user_id).first()
+        user = request_user(user_id)
         return user if user is not None and user.is_active else None
 
     def filter_users_by_claims(self, claims: dict):

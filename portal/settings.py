@@ -63,8 +63,15 @@ try:
     # persistent connection per thread (Celery workers, beat, manage.py, tests).
     DATABASE_POOL_SIZE = env("DATABASE_POOL_SIZE", 0)
     DATABASE_CONN_MAX_AGE = env("DATABASE_CONN_MAX_AGE", 60)  # seconds; with no pool only
+    # PostgreSQL's join_collapse_limit for every connection (a DATABASE_URL ``options`` overrides it).
+    # A session read joins its six related rows: at the default (8) the planner searches every order of
+    # the seven tables, about 6 ms of PostgreSQL's CPU for a 0.5 ms lookup; at 4 it plans in 1.3 ms.
+    DATABASE_JOIN_COLLAPSE_LIMIT = env("DATABASE_JOIN_COLLAPSE_LIMIT", 4)
 except ConfigError as exc:
     _fail(str(exc))
+
+if DATABASE_JOIN_COLLAPSE_LIMIT < 1:
+    _fail("DATABASE_JOIN_COLLAPSE_LIMIT must be at least 1.")
 
 if not DEBUG and SECRET_KEY == DEFAULT_SECRET_KEY:
     _fail("SECRET_KEY is the development default; set SECRET_KEY to a long random value in production.")
@@ -73,9 +80,12 @@ _database_url = _database_url or embedded.urls().database_url
 _redis_url = _redis_url or embedded.urls().redis_url
 
 
-def _database_from_url(url: str, *, pool_size: int = 0, conn_max_age: int = 60) -> dict:
+def _database_from_url(
+    url: str, *, pool_size: int = 0, conn_max_age: int = 60, join_collapse_limit: int = 8
+) -> dict:
     parts = urlsplit(url)
     query: dict = {key: values[-1] for key, values in parse_qs(parts.query).items()}
+    query.setdefault("options", f"-c join_collapse_limit={join_collapse_limit}")
     host = query.pop("host", parts.hostname or "")
     if pool_size > 0:
         query["pool"] = {"min_size": 1, "max_size": pool_size, "timeout": 10}
@@ -100,7 +110,10 @@ def celery_url(url: str) -> str:
 
 DATABASES = {
     "default": _database_from_url(
-        _database_url, pool_size=DATABASE_POOL_SIZE, conn_max_age=DATABASE_CONN_MAX_AGE
+        _database_url,
+        pool_size=DATABASE_POOL_SIZE,
+        conn_max_age=DATABASE_CONN_MAX_AGE,
+        join_collapse_limit=DATABASE_JOIN_COLLAPSE_LIMIT,
     )
 }
 REDIS_URL = _redis_url

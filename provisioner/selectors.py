@@ -18,6 +18,7 @@ from django.utils.translation import gettext as _
 from billing.models import Account, CardBurnRate, Price
 from billing.rules import accounts_payable_by
 from billing.services.pricing import INTERRUPTIBLE, ON_DEMAND, price_quote
+from core.compiled import Lookup
 from core.errors import NotFound
 from provisioner import quotas
 from provisioner.catalog_cache import catalog_version
@@ -123,18 +124,23 @@ def home_nodes(*, user_id) -> frozenset[int]:
     return frozenset({node_id})
 
 
+# A user's session by id: every API answer about a session and every proxied Jupyter request reads one,
+# compiled once (core.compiled). A multi-GPU session's devices are read when shown (Session.gpu_devices).
+_SESSION_OF_USER = Lookup(
+    lambda sid, owner_id: Session.objects.select_related(
+        "gpu_model", "profile", "environment", "node", "device", "account"
+    ).filter(id=sid, owner_id=owner_id),
+    key_types=(uuid.UUID, int),
+)
+
+
 def session_get_for_user(*, user, session_id) -> Session:
     """A session of this user; anyone else's (or a malformed id) is NotFound."""
     try:
         sid = uuid.UUID(str(session_id))
     except ValueError:
         raise NotFound(_("No such session."))
-    session = (
-        Session.objects.select_related("gpu_model", "profile", "environment", "node", "device", "account")
-        .prefetch_related("devices")
-        .filter(id=sid, owner=user)
-        .first()
-    )
+    session = _SESSION_OF_USER.first(sid, user.pk) if user.pk is not None else None
     if session is None:
         raise NotFound(_("No such session."))
     return session

@@ -44,3 +44,33 @@ def test_a_bad_home_retention_setting_fails_loudly(tmp_path):
         )
         assert result.returncode == 2, (name, result.stderr)
         assert "HOMES_RETENTION_" in result.stderr
+
+
+def test_every_connection_plans_joins_within_the_collapse_limit(db):
+    """A session read joins seven tables; the settings' join_collapse_limit keeps PostgreSQL from
+    searching every order of them (docs: README, DATABASE_JOIN_COLLAPSE_LIMIT)."""
+    from django.conf import settings
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW join_collapse_limit")
+        assert cursor.fetchone()[0] == str(settings.DATABASE_JOIN_COLLAPSE_LIMIT) == "4"
+
+
+def test_a_database_url_with_its_own_options_keeps_them(tmp_path):
+    code = "from portal import settings as s; print(s.DATABASES['default']['OPTIONS']['options'])"
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={
+            "PATH": "/usr/bin:/bin",
+            "HOME": "/tmp",
+            "SUANLI_DATA_DIR": str(tmp_path),
+            "DATABASE_URL": "postgresql://u@db/suanli?options=-c%20statement_timeout%3D5000",
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "-c statement_timeout=5000"

@@ -1,0 +1,76 @@
+"""A lookup compiled once reads what the ORM reads: the same row, its joined rows attached, its
+annotations set, in one query, and the SQL is not compiled again."""
+
+from __future__ import annotations
+
+import pytest
+from django.db.models import Count, F
+from django.db.models.sql.compiler import SQLCompiler
+
+from core.compiled import Lookup
+from portal.backends import request_user
+from portal.models import User
+from tests.provisioner.conftest import make_user
+
+pytestmark = pytest.mark.django_db
+
+
+def _field_values(obj) -> dict:
+    return {f.attname: getattr(obj, f.attname) for f in obj._meta.concrete_fields}
+
+
+def test_a_lookup_reads_the_row_its_joins_and_annotations_as_the_orm_does(django_assert_num_queries):
+    user = make_user("ada")
+    build = lambda pk: (  # noqa: E731
+        User.objects.select_related("account")
+        .annotate(shouted=F("username"), memberships_n=Count("memberships"))
+        .filter(pk=pk)
+    )
+    lookup = Lookup(build, key_types=(int,))
+    expected = build(user.pk).first()
+    with django_assert_num_queries(1):
+        found = lookup.first(user.pk)
+        assert found.account.name == expected.account.name  # attached: no query more
+    assert _field_values(found) == _field_values(expected)
+    assert _field_values(found.account) == _field_values(expected.account)
+    assert (found.shouted, found.memberships_n) == ("ada", 0)
+    assert found._state.adding is False and found._state.db == "default"
+    assert lookup.first(user.pk + 1000) is None
+
+
+def test_the_sql_is_compiled_once_for_every_key(monkeypatch):
+    first, second = make_user("first"), make_user("second")
+    lookup = Lookup(lambda pk: User.objects.select_related("account").filter(pk=pk), key_types=(int,))
+    assert lookup.first(first.pk).username == "first"
+    compiled = []
+    real = SQLCompiler.as_sql
+    monkeypatch.setattr(
+        SQLCompiler, "as_sql", lambda self, *a, **k: compiled.append(1) or real(self, *a, **k)
+    )
+    assert lookup.first(second.pk).username == "second"
+    assert lookup.first(first.pk).username == "first"
+    assert compiled == []
+
+
+def test_keys_of_the_wrong_type_and_unsupported_querysets_are_refused():
+    user = make_user("bob")
+    by_pk = Lookup(lambda pk: User.objects.filter(pk=pk), key_types=(int,))
+    with pytest.raises(TypeError):
+        by_pk.first(str(user.pk))
+    prefetching = Lookup(
+        lambda pk: User.objects.prefetch_related("memberships").filter(pk=pk), key_types=(int,)
+    )
+    with pytest.raises(ValueError, match="prefetch_related"):
+        prefetching.first(user.pk)
+    unused = Lookup(lambda pk: User.objects.all(), key_types=(int,))
+    with pytest.raises(ValueError, match="appear once"):
+        unused.first(user.pk)
+
+
+def test_the_request_user_is_read_in_one_query_with_account_and_home_figures(django_assert_num_queries):
+    user = make_user("carol")
+    with django_assert_num_queries(1):
+        found = request_user(str(user.pk))  # as a session stores it
+        assert found.account.pk == user.account_id
+        assert found.home_removal_due is None and found.home_max_bytes is None
+    assert request_user("not a number") is None and request_user(None) is None
