@@ -7,15 +7,22 @@ per process, not once per request (``core.outage``).
 After a failure the backend does not ask Redis again for ``core.outage.RETRY_SECONDS`` (every call
 meanwhile is a miss at no cost), so a dead Redis costs one short socket timeout per process and
 interval, not one per cache call. In core, the bottom layer: every app's throttles and caches use it.
+
+Django makes a cache backend per context, and under ASGI every request is a context of its own: each
+backend would make its own Redis client and connection pool, so every request that used the cache opened
+a new connection. Here the backends of one process share one client (and its pool) per location and
+options.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from django.core.cache.backends.base import DEFAULT_TIMEOUT
 from django.core.cache.backends.redis import RedisCache
+from django.utils.functional import cached_property
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -24,6 +31,9 @@ from core.outage import outage
 UNREACHABLE = (RedisConnectionError, RedisTimeoutError)
 
 T = TypeVar("T")
+
+_clients: dict[tuple, Any] = {}  # (client class, servers, options) → the process's RedisCacheClient
+_clients_lock = threading.Lock()
 
 
 class FailOpenRedisCache(RedisCache):
@@ -35,6 +45,16 @@ class FailOpenRedisCache(RedisCache):
         super().__init__(server, params)
         location = server if isinstance(server, str) else ",".join(server)
         self._outage = outage(f"cache {location}", what_happens="failing open (misses, no throttling)")
+
+    @cached_property
+    def _cache(self):
+        """The process's client for this location and options (its connection pools with it)."""
+        key = (self._class, tuple(self._servers), repr(sorted(self._options.items())))
+        with _clients_lock:
+            client = _clients.get(key)
+            if client is None:
+                client = _clients[key] = self._class(self._servers, **self._options)
+        return client
 
     def _guarded(self, call: Callable[[], T], fallback: Callable[[], T]) -> T:
         if self._outage.skipping():

@@ -272,7 +272,9 @@ else:
     EMAIL_USE_TLS = _email.scheme == "smtp"
 
 CELERY_BROKER_URL = celery_url(REDIS_URL)
-CELERY_RESULT_BACKEND = celery_url(REDIS_URL)
+# Nothing reads a task's result: the tasks record what they did in the database. Without a result backend
+# a web request that queues a task (a launch, a stop) opens no result subscription in Redis for it.
+CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TIMEZONE = "UTC"
@@ -281,7 +283,6 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {"socket_connect_timeout": 1.0}  # a dead broker fails a publish fast
-CELERY_RESULT_EXPIRES = timedelta(hours=1)
 try:  # the beat schedule, in seconds
     BEAT_PULSE_SECONDS = env("BEAT_PULSE_SECONDS", 10.0)
     _card_expire = env("CARD_EXPIRE_SECONDS", 300.0)

@@ -46,3 +46,27 @@ def test_the_reachable_cache_still_caches():
     cache.set("fail-open-probe", 41)
     assert cache.incr("fail-open-probe") == 42
     assert cache.get("fail-open-probe") == 42
+
+
+def test_every_context_of_a_process_shares_one_redis_client_and_its_connections():
+    """Django makes a cache backend per context (under ASGI, per request); they share one client, so a
+    request that uses the cache opens no connection of its own."""
+    import contextvars
+
+    import redis
+    from django.conf import settings
+    from django.core.cache import caches
+
+    def backend_used():
+        backend = caches["default"]
+        backend.set("shared", 1)
+        return backend
+
+    backends = [contextvars.Context().run(backend_used) for _ in range(20)]
+    assert len({id(b) for b in backends}) == 20
+    assert len({id(b._cache) for b in backends}) == 1
+    stats = redis.Redis.from_url(settings.REDIS_URL)
+    before = stats.info("stats")["total_connections_received"]
+    for _ in range(20):
+        contextvars.Context().run(backend_used)
+    assert stats.info("stats")["total_connections_received"] - before == 0
