@@ -10,7 +10,6 @@ tests).
 from __future__ import annotations
 
 import sys
-from datetime import timedelta
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
