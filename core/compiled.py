@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from django.db import connections
 from django.db.models import Model, QuerySet
-from django.db.models.query import get_related_populators
+from django.db.models.query import ModelIterable, get_related_populators
 
 # Stand-ins no real key takes, one per key of a lookup, found again in the compiled parameters.
 _STAND_INS = {
@@ -40,21 +40,30 @@ class _Compiled:
 
 
 class Lookup:
-    """``build(*keys)`` gives a queryset of at most one row, filtered by ``keys`` (each an ``int`` or a
-    ``uuid.UUID``, of the types given as ``key_types``); ``first(*keys)`` runs it as ``.first()`` would,
-    without compiling it again. No ``prefetch_related``, no ``defer``: what the queryset selects is read."""
+    """``build(*keys)`` gives a queryset of model instances filtered by ``keys`` (each an ``int`` or a
+    ``uuid.UUID``, of the types given as ``key_types``). ``first(*keys)`` runs it as ``.first()`` would
+    (at most one row is read), ``all(*keys)`` (``many=True``: the queryset orders and slices itself) as
+    ``list()`` would, without compiling it again. No ``prefetch_related``, no ``defer``, no ``values()``:
+    what the queryset selects is read, as instances."""
 
-    def __init__(self, build: Callable[..., QuerySet], *, key_types: tuple[type, ...]) -> None:
+    def __init__(
+        self, build: Callable[..., QuerySet], *, key_types: tuple[type, ...], many: bool = False
+    ) -> None:
         self._build = build
         self._key_types = key_types
+        self._many = many
         self._compiled: _Compiled | None = None
         self._lock = threading.Lock()
 
     def _compile(self) -> _Compiled:
         stand_ins = [_STAND_INS[kind][n] for n, kind in enumerate(self._key_types)]
-        queryset = self._build(*stand_ins)[:1]
+        queryset = self._build(*stand_ins)
+        if not self._many:
+            queryset = queryset[:1]
         if queryset._prefetch_related_lookups or queryset.query.deferred_loading[0]:
             raise ValueError("a Lookup reads what its queryset selects: no prefetch_related, no defer")
+        if queryset._iterable_class is not ModelIterable:
+            raise ValueError("a Lookup reads model instances: no values() or values_list()")
         compiler = queryset.query.get_compiler(using=queryset.db)
         sql, params = compiler.as_sql()
         positions = []
@@ -79,6 +88,17 @@ class Lookup:
         )
 
     def first(self, *keys) -> Model | None:
+        if self._many:
+            raise TypeError("first() is for a Lookup of one row; this one is many=True: all()")
+        found = self._run(keys)
+        return found[0] if found else None
+
+    def all(self, *keys) -> list[Model]:
+        if not self._many:
+            raise TypeError("all() is for a Lookup made with many=True")
+        return self._run(keys)
+
+    def _run(self, keys: tuple) -> list[Model]:
         for key, kind in zip(keys, self._key_types, strict=True):
             if type(key) is not kind:
                 raise TypeError(f"a key of this Lookup is a {kind.__name__}, not {type(key).__name__}")
@@ -93,11 +113,12 @@ class Lookup:
         with connections[c.db].cursor() as cursor:
             cursor.execute(c.sql, params)
             rows = cursor.fetchall()
+        found = []
         for row in c.compiler.results_iter([rows]):
             obj = c.compiler.query.model.from_db(c.db, list(c.init_list), row[c.model_slice])
             for populator in c.related_populators:
                 populator.populate(row, obj)
             for name, position in c.annotation_col_map.items():
                 setattr(obj, name, row[position])
-            return obj
-        return None
+            found.append(obj)
+        return found

@@ -431,7 +431,7 @@ def session_still_here_view(request: HttpRequest, session_id) -> HttpResponse:
 
 def running_sessions(*, user) -> list[SessionView]:
     """The user's live sessions, for the dashboard."""
-    return session_views(prov_selectors.session_list_for_user(user=user).filter(state__in=Session.LIVE)[:20])
+    return session_views(prov_selectors.live_sessions_of(user=user))
 
 
 # --- operations --------------------------------------------------------------------------------------

@@ -124,13 +124,25 @@ def home_nodes(*, user_id) -> frozenset[int]:
     return frozenset({node_id})
 
 
-# A user's session by id: every API answer about a session and every proxied Jupyter request reads one,
-# compiled once (core.compiled). A multi-GPU session's devices are read when shown (Session.gpu_devices).
+# What every reader of a session shows besides the row (session_view); a multi-GPU session's devices are
+# read when shown (Session.gpu_devices).
+SESSION_SHOWN = ("gpu_model", "profile", "environment", "node", "device", "account")
+LIVE_LISTED = 20  # the live sessions the dashboard lists
+
+# A user's session by id (every API answer about a session, every proxied Jupyter request) and a user's
+# live sessions (the dashboard, at every look): lookups compiled once (core.compiled).
 _SESSION_OF_USER = Lookup(
-    lambda sid, owner_id: Session.objects.select_related(
-        "gpu_model", "profile", "environment", "node", "device", "account"
-    ).filter(id=sid, owner_id=owner_id),
+    lambda sid, owner_id: Session.objects.select_related(*SESSION_SHOWN).filter(id=sid, owner_id=owner_id),
     key_types=(uuid.UUID, int),
+)
+_LIVE_SESSIONS_OF_USER = Lookup(
+    lambda owner_id: (
+        Session.objects.select_related(*SESSION_SHOWN)
+        .filter(owner_id=owner_id, state__in=Session.LIVE)
+        .order_by("-created_at")[:LIVE_LISTED]
+    ),
+    key_types=(int,),
+    many=True,
 )
 
 
@@ -149,9 +161,14 @@ def session_get_for_user(*, user, session_id) -> Session:
 def session_list_for_user(*, user) -> QuerySet[Session]:
     return (
         Session.objects.filter(owner=user)
-        .select_related("gpu_model", "profile", "environment", "node", "device", "account")
+        .select_related(*SESSION_SHOWN)
         .order_by("-created_at")  # session_views reads the devices of the multi-GPU ones
     )
+
+
+def live_sessions_of(*, user) -> list[Session]:
+    """The user's live sessions (queued to stopping), newest first, the first LIVE_LISTED."""
+    return _LIVE_SESSIONS_OF_USER.all(user.pk) if user.pk is not None else []
 
 
 # The notebook a session opens on; the agent starts its kernel as soon as JupyterLab answers

@@ -178,6 +178,8 @@ def session_views(
     for queue places (when any is queued), one for samples (when asked), one for stop warnings, one per
     paying account and GPU model among the running (runway). Lists leave samples out unless ``samples``."""
     sessions = list(sessions)
+    if not sessions:
+        return []
     prefetch_related_objects([s for s in sessions if s.profile.gpu_count > 1], "devices")
     now = now or timezone.now()
     costs = meter_costs(session_refs=[s.ref for s in sessions])

@@ -4,6 +4,7 @@ database has the desired state, and never hold a database lock across an agent c
 from __future__ import annotations
 
 import logging
+import uuid
 from collections import Counter
 from datetime import datetime, timedelta
 
@@ -11,6 +12,7 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
+from core.compiled import Lookup
 from provisioner import agent_client
 from provisioner.messages import Message, message, message_load
 from provisioner.models import HomeRemoval, Node, Session
@@ -35,12 +37,21 @@ def _backoff(retries: int) -> float:
     return min(2.0**retries, 30.0)
 
 
+# The session a start or stop task works on (every launch queues one of each), compiled once.
+_SESSION = Lookup(
+    lambda sid: Session.objects.select_related(
+        "node", "device", "environment__base", "owner", "profile"
+    ).filter(id=sid),
+    key_types=(uuid.UUID,),
+)
+
+
 def _session(session_id: str) -> Session | None:
-    return (
-        Session.objects.select_related("node", "device", "environment__base", "owner", "profile")
-        .filter(id=session_id)
-        .first()
-    )
+    try:
+        sid = uuid.UUID(str(session_id))
+    except ValueError:
+        return None
+    return _SESSION.first(sid)
 
 
 def _start_expired(session: Session) -> bool:

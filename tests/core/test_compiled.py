@@ -74,3 +74,26 @@ def test_the_request_user_is_read_in_one_query_with_account_and_home_figures(dja
         assert found.account.pk == user.account_id
         assert found.home_removal_due is None and found.home_max_bytes is None
     assert request_user("not a number") is None and request_user(None) is None
+
+
+def test_a_lookup_of_many_rows_reads_them_in_the_querysets_order_and_slice(django_assert_num_queries):
+    for name in ("m1", "m2", "m3", "m4"):
+        make_user(name)
+
+    def build(min_pk):
+        return User.objects.select_related("account").filter(pk__gte=min_pk).order_by("-username")[:3]
+
+    lookup = Lookup(build, key_types=(int,), many=True)
+    first_pk = User.objects.get(username="m1").pk
+    expected = [(u.username, u.account.pk) for u in build(first_pk)]
+    with django_assert_num_queries(1):
+        found = lookup.all(first_pk)
+        assert [(u.username, u.account.pk) for u in found] == expected  # accounts attached: no query
+    assert [u.username for u in found] == ["m4", "m3", "m2"]
+    assert lookup.all(first_pk + 10_000) == []
+    with pytest.raises(TypeError):
+        lookup.first(first_pk)
+    with pytest.raises(TypeError):
+        Lookup(build, key_types=(int,)).all(first_pk)
+    with pytest.raises(ValueError, match="values"):
+        Lookup(lambda pk: User.objects.filter(pk=pk).values("username"), key_types=(int,)).first(first_pk)
