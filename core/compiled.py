@@ -23,6 +23,7 @@ from django.db.models.query import ModelIterable, get_related_populators
 _STAND_INS = {
     int: (-7_340_033_101, -7_340_033_102),
     uuid.UUID: (uuid.UUID(int=0x5_7A_11D_1), uuid.UUID(int=0x5_7A_11D_2)),
+    str: ("\x00core.compiled key 1\x00", "\x00core.compiled key 2\x00"),  # PostgreSQL text holds no NUL
 }
 
 
@@ -40,11 +41,11 @@ class _Compiled:
 
 
 class Lookup:
-    """``build(*keys)`` gives a queryset of model instances filtered by ``keys`` (each an ``int`` or a
-    ``uuid.UUID``, of the types given as ``key_types``). ``first(*keys)`` runs it as ``.first()`` would
-    (at most one row is read), ``all(*keys)`` (``many=True``: the queryset orders and slices itself) as
-    ``list()`` would, without compiling it again. No ``prefetch_related``, no ``defer``, no ``values()``:
-    what the queryset selects is read, as instances."""
+    """``build(*keys)`` gives a queryset of model instances filtered by ``keys`` (each an ``int``, a
+    ``uuid.UUID`` or a ``str``, of the types given as ``key_types``). ``first(*keys)`` runs it as
+    ``.first()`` would (at most one row is read), ``all(*keys)`` (``many=True``: the queryset orders
+    and slices itself) as ``list()`` would, without compiling it again. No ``prefetch_related``, no
+    ``defer``, no ``values()``: what the queryset selects is read, as instances."""
 
     def __init__(
         self, build: Callable[..., QuerySet], *, key_types: tuple[type, ...], many: bool = False

@@ -12,6 +12,7 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions, permissions, throttling
 from rest_framework.settings import api_settings
 
+from core.compiled import Lookup
 from portal.models import AccessToken
 
 TOKEN_PREFIX = "sl_"
@@ -31,6 +32,11 @@ SCOPE_BY_PREFIX = (
     ("/api/v1/ledger", "billing"),
 )
 
+
+# Every API call reads its token, with its user: compiled once (core.compiled).
+_TOKEN_BY_HASH = Lookup(
+    lambda digest: AccessToken.objects.select_related("user").filter(token_hash=digest), key_types=(str,)
+)
 
 # A view's ``token_scope`` that no token carries: the endpoint takes a browser session only.
 NO_TOKEN = "browser-session-only"
@@ -60,7 +66,7 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
         raw = raw.strip()
         if kind.lower() != self.keyword or not raw.startswith(TOKEN_PREFIX):
             return None
-        token = AccessToken.objects.select_related("user").filter(token_hash=token_hash(raw)).first()
+        token = _TOKEN_BY_HASH.first(token_hash(raw))
         if token is None or not token.active or not token.user.is_active:
             raise exceptions.AuthenticationFailed("The token is unknown, expired or revoked.")
         view = (request.parser_context or {}).get("view")
