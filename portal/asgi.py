@@ -6,7 +6,6 @@ it as separate processes when traffic grows (same code, same settings, same data
 """
 
 import os
-from concurrent.futures import ThreadPoolExecutor
 
 import django
 from asgiref.sync import sync_to_async
@@ -36,26 +35,14 @@ class SyncChainASGIHandler(ASGIHandler):
     with the proxy and every socket, and each crossing waits its turn. Here the chain is built for sync
     mode and run whole by one ``sync_to_async`` call (in the request's own thread, as Django's would).
     Reading the body and sending the answer stay in the event loop.
-
-    The threads are the process's own pool, one per database connection it may hold, kept from request
-    to request (as a threaded WSGI server's are): Django's ASGI handler would start a new thread for
-    each request, and everything a thread keeps (its database connection handle) with it.
     """
 
     def __init__(self) -> None:
         super().__init__()
         self.load_middleware(is_async=False)
-        from django.conf import settings
-
-        threads = max(4, int(settings.DATABASES["default"]["OPTIONS"].get("pool", {}).get("max_size", 8)))
-        self.threads = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="django")
-        self._run_sync = sync_to_async(self._respond, thread_sensitive=False, executor=self.threads)
-
-    def _respond(self, request):
-        return self.get_response(request)
 
     async def run_get_response(self, request):
-        response = await self._run_sync(request)
+        response = await sync_to_async(self.get_response, thread_sensitive=True)(request)
         response._handler_class = self.__class__
         if isinstance(response, FileResponse):
             response.block_size = self.chunk_size  # as Django's: the server chunks file answers

@@ -83,32 +83,3 @@ def test_django_runs_a_request_in_one_thread_with_no_hop_to_the_event_loop():
     with ThreadPoolExecutor(1) as pool:  # a loop of its own, whatever the test run has running
         answer = pool.submit(asyncio.run, get()).result()
     assert answer.status_code == 200 and answer.headers["Server-Timing"].startswith("app;dur=")
-
-
-def test_requests_run_on_the_process_own_threads_kept_between_requests(monkeypatch):
-    """Django's ASGI handler would start a thread for each request (and with it everything a thread
-    keeps); the portal's requests run on a pool of threads that outlive them."""
-    import asyncio
-    import threading
-
-    from portal.asgi import application, django_application
-
-    seen = []
-    real = django_application.get_response
-
-    def recording(request):
-        seen.append(threading.current_thread())
-        return real(request)
-
-    monkeypatch.setattr(django_application, "get_response", recording)
-
-    async def get_many() -> list[int]:
-        transport = httpx.ASGITransport(app=application)
-        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
-            return [(await client.get("/login/")).status_code for _ in range(12)]
-
-    with ThreadPoolExecutor(1) as pool:
-        assert pool.submit(asyncio.run, get_many()).result() == [200] * 12
-    assert len(seen) == 12
-    assert all(t.name.startswith("django") for t in seen)
-    assert len({t.ident for t in seen}) < 12  # kept: sequential requests reuse a thread
