@@ -31,6 +31,7 @@ from urllib.parse import urlsplit
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.db import DatabaseError
 
 from portal.upstream import UpstreamError, UpstreamPool, open_websocket
 
@@ -38,6 +39,7 @@ log = logging.getLogger(__name__)
 
 PREFIX = "/jupyter/"
 ROUTE_CACHE_SECONDS = 2.0
+RETRY_AFTER_SECONDS = 2  # a 503 when the database cannot be asked
 SMALL_BODY_BYTES = 64 * 1024  # a body this small is sent to the browser in one piece
 HOP_BY_HOP = {
     b"connection",
@@ -135,7 +137,15 @@ class JupyterProxy:
         if not same_origin(headers):
             await self._plain(scope, send, 403, b"Cross-origin request refused")
             return
-        route = await self.route_for(headers.get(b"cookie", b"").decode("latin-1"), session_id)
+        try:
+            route = await self.route_for(headers.get(b"cookie", b"").decode("latin-1"), session_id)
+        except DatabaseError:  # no connection (the pool ran dry, the database restarts): not a 404
+            log.warning("jupyter proxy: could not look up session %s", session_id, exc_info=True)
+            await self._plain(
+                scope, send, 503, b"The portal cannot look up sessions right now; try again shortly.",
+                retry_after=RETRY_AFTER_SECONDS,
+            )  # fmt: skip
+            return
         if route is None:
             await self._not_found(scope, receive, send)
             return
@@ -274,11 +284,14 @@ class JupyterProxy:
 
     # -- answers of our own ----------------------------------------------------------------------------------
 
-    async def _plain(self, scope, send, status: int, text: bytes) -> None:
+    async def _plain(self, scope, send, status: int, text: bytes, *, retry_after: int | None = None) -> None:
         """A short text answer with ``status``; to a WebSocket handshake as well, where the server can
         (the ASGI ``websocket.http.response`` extension), so a client learns why (404: no such session,
-        409: not running, 502: its JupyterLab is not answering) instead of a bare 403."""
+        409: not running, 502: its JupyterLab is not answering, 503: the portal cannot look it up now)
+        instead of a bare 403."""
         headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"cache-control", b"no-store")]
+        if retry_after is not None:
+            headers.append((b"retry-after", str(retry_after).encode()))
         if scope["type"] == "websocket":
             if "websocket.http.response" not in scope.get("extensions", {}):
                 await send({"type": "websocket.close", "code": 4000 + status})

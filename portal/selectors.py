@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY
 from django.contrib.sessions.backends.base import SessionBase
-from django.db import close_old_connections
+from django.db import DatabaseError, close_old_connections
 from django.db.models import QuerySet
 from django.utils.crypto import constant_time_compare
 from django.utils.module_loading import import_string
@@ -164,6 +164,8 @@ def user_for_django_session(*, django_session_key: str) -> User | None:
     try:
         user_id = store.get(SESSION_KEY)
         backend = store.get(BACKEND_SESSION_KEY)
+    except DatabaseError:
+        raise  # the database cannot be asked: not "no session" (the proxy answers 503)
     except Exception:  # a corrupt or foreign session is simply no session
         return None
     if user_id is None or backend not in settings.AUTHENTICATION_BACKENDS:

@@ -360,3 +360,34 @@ def test_one_upstream_connection_serves_request_after_request(jupyter):
 
     assert _run_in_thread(run()) == [200] * 5
     assert _CountingPool.connects == 1
+
+
+def test_a_lookup_the_database_cannot_answer_is_a_503_to_try_again_never_a_cached_404():
+    """The pool ran dry, or the database restarts: the owner is told to try again (503, Retry-After),
+    not that their session does not exist, and the next request asks again."""
+    import httpx
+    from django.conf import settings
+    from django.db import OperationalError
+
+    calls = []
+
+    def resolve(cookie: str, session_id: str):
+        calls.append(session_id)
+        if len(calls) == 1:
+            raise OperationalError("couldn't get a connection after 10.00 sec")
+        return None
+
+    proxy = JupyterProxy(resolver=resolve)
+
+    async def get_twice():
+        transport = httpx.ASGITransport(app=proxy)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+            headers = {"Cookie": f"{settings.SESSION_COOKIE_NAME}=owner"}
+            first = await client.get("/jupyter/s1/api/status", headers=headers)
+            second = await client.get("/jupyter/s1/api/status", headers=headers)
+            return first, second
+
+    first, second = _run_in_thread(get_twice())
+    assert first.status_code == 503 and first.headers["retry-after"] == "2"
+    assert "try again" in first.text
+    assert second.status_code == 404 and calls == ["s1", "s1"]  # asked again: nothing was cached
