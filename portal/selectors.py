@@ -15,6 +15,7 @@ from django.utils.module_loading import import_string
 from billing import selectors as billing_selectors
 from billing.models import Account
 from billing.rules import FolderGrant
+from core.compiled import Lookup
 from core.errors import NotFound
 from portal.models import Membership, Team, TeamInvite, User
 from portal.proxy import Refusal, Route
@@ -96,19 +97,45 @@ def account_chosen(*, user: User, wanted: str | None) -> Account | None:
     return next((a for a in accounts_payable_by(user=user) if str(a.pk) == wanted), None)
 
 
+# A user's memberships, read at every launch and every look at the dashboard: compiled once.
+_MEMBERSHIPS = Lookup(
+    lambda user_id: Membership.objects.select_related("team__account").filter(user_id=user_id),
+    key_types=(int,),
+    many=True,
+)
+_MEMBERSHIPS_WITH_FOLDERS = Lookup(
+    lambda user_id: (
+        Membership.objects.select_related("team__account__team_folder_usage")
+        .annotate(
+            folder_max_bytes=quotas.team_folder_limit("max_home_bytes", "team__account_id"),
+            folder_max_files=quotas.team_folder_limit("max_home_files", "team__account_id"),
+        )
+        .filter(user_id=user_id)
+    ),
+    key_types=(int,),
+    many=True,
+)
+_GRANTING_MEMBERSHIPS = Lookup(
+    lambda user_id: (
+        Membership.objects.filter(user_id=user_id, user__is_active=True)
+        .select_related("team")
+        .order_by("team__slug")
+    ),
+    key_types=(int,),
+    many=True,
+)
+
+
 def accounts_payable_by(*, user: User, with_team_folders: bool = False) -> list[Account]:
     """The accounts a user may launch on: their own and those of teams they belong to, in one query;
     ``with_team_folders``: each team's account carries its ``team_folder`` (``quotas.team_folder_of``),
     read in the same query."""
     accounts = [user.account] if user.account_id else []
-    memberships = Membership.objects.select_related("team__account").filter(user=user)
+    if user.pk is None:
+        return accounts
     if not with_team_folders:
-        return accounts + [m.team.account for m in memberships]
-    memberships = memberships.select_related("team__account__team_folder_usage").annotate(
-        folder_max_bytes=quotas.team_folder_limit("max_home_bytes", "team__account_id"),
-        folder_max_files=quotas.team_folder_limit("max_home_files", "team__account_id"),
-    )
-    for m in memberships:
+        return accounts + [m.team.account for m in _MEMBERSHIPS.all(user.pk)]
+    for m in _MEMBERSHIPS_WITH_FOLDERS.all(user.pk):
         account = m.team.account
         account.team_folder = quotas.team_folder_of(
             account=account, max_bytes=m.folder_max_bytes, max_files=m.folder_max_files
@@ -120,7 +147,8 @@ def accounts_payable_by(*, user: User, with_team_folders: bool = False) -> list[
 def team_folder_grants(*, user: User) -> list[FolderGrant]:
     """The team folders ``user`` may see, one per team they belong to, with their access (registered as
     billing's rule; docs/STORAGE.md, "Team folders"): an owner or admin always writes. One query."""
-    memberships = Membership.objects.filter(user=user, user__is_active=True).select_related("team")
+    if user.pk is None:
+        return []
     return [
         FolderGrant(
             account_id=m.team.account_id,
@@ -128,7 +156,7 @@ def team_folder_grants(*, user: User) -> list[FolderGrant]:
             read_only=m.folder_read_only and not m.manages_team,
             manages=m.manages_team,
         )
-        for m in memberships.order_by("team__slug")
+        for m in _GRANTING_MEMBERSHIPS.all(user.pk)
     ]
 
 

@@ -28,6 +28,7 @@ from django.utils.translation import gettext as _
 
 from billing.audit import audit_record
 from billing.models import CardBurnRate, Price
+from core.compiled import Lookup
 from core.errors import NotFound, ValidationFailed
 
 WHOLE = "whole"
@@ -66,9 +67,33 @@ def version_current(queryset, at: datetime | None):
     return queryset.order_by("-effective_from", "-id").first()
 
 
+# The price and burn rate in effect now, read at every launch: compiled once (core.compiled); ``at`` in
+# the past or future goes through ``version_current``.
+_LATEST = ("-effective_from", "-id")
+_BURN_RATE_NOW = Lookup(
+    lambda model: CardBurnRate.objects.filter(gpu_model=model, effective_from__lte=Now()).order_by(*_LATEST),
+    key_types=(str,),
+)
+_PRICE_NOW = Lookup(
+    lambda model, profile: Price.objects.filter(
+        gpu_model=model, profile=profile, effective_from__lte=Now()
+    ).order_by(*_LATEST),
+    key_types=(str, str),
+)
+
+
 def burn_multiplier_milli(*, gpu_model: str, at: datetime | None = None) -> int:
-    rate = version_current(CardBurnRate.objects.filter(gpu_model=gpu_model), at)
+    if at is None and isinstance(gpu_model, str):
+        rate = _BURN_RATE_NOW.first(gpu_model)
+    else:
+        rate = version_current(CardBurnRate.objects.filter(gpu_model=gpu_model), at)
     return rate.multiplier_milli if rate else 1000
+
+
+def _price_current(*, gpu_model: str, profile: str, at: datetime | None) -> Price | None:
+    if at is None and isinstance(gpu_model, str) and isinstance(profile, str):
+        return _PRICE_NOW.first(gpu_model, profile)
+    return version_current(Price.objects.filter(gpu_model=gpu_model, profile=profile), at)
 
 
 def _tier_quote(price: Price, *, tier: str, fraction: Fraction, burn: Fraction) -> PriceQuote:
@@ -120,10 +145,10 @@ def price_quote(
         )
     fraction = profile_fraction(profile)
     burn = Fraction(burn_multiplier_milli(gpu_model=gpu_model, at=at) * 1000) * fraction
-    own = version_current(Price.objects.filter(gpu_model=gpu_model, profile=profile), at)
+    own = _price_current(gpu_model=gpu_model, profile=profile, at=at)
     if own is not None:
         return _tier_quote(own, tier=tier, fraction=Fraction(1), burn=burn)
-    whole = version_current(Price.objects.filter(gpu_model=gpu_model, profile=WHOLE), at)
+    whole = _price_current(gpu_model=gpu_model, profile=WHOLE, at=at)
     if whole is None:
         raise NotFound(
             _("%(gpu_model)s %(profile)s is not priced.") % {"gpu_model": gpu_model, "profile": profile}

@@ -14,6 +14,7 @@ from django.db.models import ProtectedError, Q
 from django.utils.translation import gettext as _
 
 from billing.audit import audit_record
+from core.compiled import Lookup
 from core.errors import Conflict, NotFound, ValidationFailed
 from provisioner.catalog_cache import catalog_changed
 from provisioner.models import Environment, Node
@@ -156,6 +157,12 @@ def environment_remove(*, user, environment_id: int) -> None:
         Environment.objects.filter(id=env.id).update(enabled=False, name=f"{env.name[:40]}~removed-{env.id}")
 
 
+# A published environment by name (every launch names one): compiled once (core.compiled).
+_PUBLISHED_NAMED = Lookup(
+    lambda name: Environment.objects.filter(name=name, owner__isnull=True, enabled=True), key_types=(str,)
+)
+
+
 def environment_for_launch(*, user, environment: str) -> Environment:
     """The environment a launch names: ``mine:<name>`` for the user's own, else a published one.
     Raises ValidationFailed when there is none by that name."""
@@ -166,7 +173,7 @@ def environment_for_launch(*, user, environment: str) -> Environment:
             .first()
         )
     else:
-        env = Environment.objects.filter(name=environment, owner__isnull=True, enabled=True).first()
+        env = _PUBLISHED_NAMED.first(environment) if isinstance(environment, str) else None
     if env is None:
         raise ValidationFailed(
             _("Unknown environment %(environment)s.") % {"environment": repr(environment)},

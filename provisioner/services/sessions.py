@@ -32,6 +32,7 @@ from billing.rules import accounts_payable_by
 from billing.services.ledger import idempotency_key_check
 from billing.services.metering import account_can_launch, meter_close, meter_open
 from billing.services.pricing import ON_DEMAND, PriceQuote, price_quote, quote_with_surcharge
+from core.compiled import Lookup
 from core.errors import ApplicationError, NotFound, RateLimited, ValidationFailed
 from core.throttle import attempt_count
 from provisioner import enqueue
@@ -129,10 +130,15 @@ def _vscode_served() -> bool:
     return Node.objects.filter(state=Node.State.ACTIVE, interfaces__contains=["vscode"]).exists()
 
 
+# What every launch reads by the names it was given: compiled once (core.compiled).
+_PROFILE_NAMED = Lookup(lambda name: Profile.objects.filter(name=name), key_types=(str,))
+_GPU_MODEL_OFFERED = Lookup(lambda name: GpuModel.objects.filter(name=name, enabled=True), key_types=(str,))
+
+
 def _catalog(
     *, user, gpu_model: str, profile: str, environment: str
 ) -> tuple[GpuModel | None, Profile, Environment]:
-    profile_obj = Profile.objects.filter(name=profile).first()
+    profile_obj = _PROFILE_NAMED.first(profile) if isinstance(profile, str) else None
     if profile_obj is None:
         raise ValidationFailed(
             _("Unknown profile %(profile)s.") % {"profile": repr(profile)}, fields={"profile": "unknown"}
@@ -151,7 +157,7 @@ def _catalog(
         )
     if profile_obj.kind == Profile.Kind.CPU:
         return None, profile_obj, env
-    model = GpuModel.objects.filter(name=gpu_model, enabled=True).first()
+    model = _GPU_MODEL_OFFERED.first(gpu_model) if isinstance(gpu_model, str) else None
     if model is None:
         raise ValidationFailed(
             _("Unknown GPU model %(gpu_model)s.") % {"gpu_model": repr(gpu_model)},
