@@ -25,6 +25,7 @@ from chaos.stack import A100, ENVIRONMENT, H200, T4, User
 PLANS = [(A100, "1/4", 4), (A100, "1/8", 3), (A100, "1/2", 2), (T4, "whole", 2), (H200, "1g.18gb", 2)]
 PLANS += [(H200, "whole", 1), (A100, "whole", 1)]
 RUNNING_WAIT_SECONDS = 150.0
+RECONNECT_GRACE_SECONDS = 30.0  # how long past its planned use a dropped kernel WebSocket is reconnected
 
 
 @dataclass
@@ -227,7 +228,12 @@ class Traffic:
         name = "WS /jupyter/<id>/api/kernels/<k>/channels"
         until = time.monotonic() + seconds
         kernel_session: list[str] = []  # the kernel process's own session id, from its first reply
-        while time.monotonic() < until and not self._stopping.is_set():
+        # A dropped connection is reconnected even when the planned use is over, as JupyterLab does: a
+        # drop near its end (a web restart) is still followed by a reconnect, up to RECONNECT_GRACE_SECONDS.
+        dropped = False
+        while not self._stopping.is_set() and (
+            time.monotonic() < until or (dropped and time.monotonic() < until + RECONNECT_GRACE_SECONDS)
+        ):
             try:
                 async with websockets.connect(
                     uri, additional_headers=headers, origin=self.base_url, open_timeout=10, max_size=None
@@ -236,9 +242,11 @@ class Traffic:
                     self.ws.open_now += 1
                     try:
                         await self._kernel_rounds(ws, until, kernel_id, kernel_session)
+                        dropped = False
                     finally:
                         self.ws.open_now -= 1
             except (OSError, websockets.WebSocketException, TimeoutError) as exc:
+                dropped = True
                 self.ws.drops += 1
                 status = exc.response.status_code if isinstance(exc, websockets.InvalidStatus) else None
                 outcome = str(status) if status else type(exc).__name__
@@ -254,7 +262,7 @@ class Traffic:
         (the session id in its reply header) as the first reply ever: a reconnect never loses a kernel."""
         first = True
         session = uuid.uuid4().hex
-        while time.monotonic() < until and not self._stopping.is_set():
+        while (first or time.monotonic() < until) and not self._stopping.is_set():  # one round at least
             msg_id = uuid.uuid4().hex
             message = {
                 "header": {"msg_id": msg_id, "username": "chaos", "session": session,
