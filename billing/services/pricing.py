@@ -61,15 +61,17 @@ def profile_fraction(profile: str) -> Fraction:
     raise NotFound(_("Unknown profile %(profile)s.") % {"profile": repr(profile)})
 
 
+_LATEST = ("-effective_from", "-id")  # the version in effect: the latest to take effect, then the newest
+
+
 def version_current(queryset, at: datetime | None):
     """The version of ``queryset`` (rows with ``effective_from``) in effect at ``at`` (default: now)."""
     queryset = queryset.filter(effective_from__lte=at) if at else queryset.filter(effective_from__lte=Now())
-    return queryset.order_by("-effective_from", "-id").first()
+    return queryset.order_by(*_LATEST).first()
 
 
 # The price and burn rate in effect now, read at every launch: compiled once (core.compiled); ``at`` in
 # the past or future goes through ``version_current``.
-_LATEST = ("-effective_from", "-id")
 _BURN_RATE_NOW = Lookup(
     lambda model: CardBurnRate.objects.filter(gpu_model=model, effective_from__lte=Now()).order_by(*_LATEST),
     key_types=(str,),
