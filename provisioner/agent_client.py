@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import threading
 from dataclasses import dataclass
 
 import httpx
@@ -29,10 +31,30 @@ class AgentRefusal(Exception):
         return f"{self.status} {self.code}: {self.message}"
 
 
+_client_lock = threading.Lock()
+_clients: dict[int, httpx.Client] = {}
+
+
+def _client() -> httpx.Client:
+    """The process's one client of every agent (thread-safe; one per process, as a forked child must not
+    share its parent's sockets). A client per call cost a TLS context each (loading the CA bundle: about
+    half the worker's CPU under load, whether the agent speaks TLS or not) and a new TCP connection; this
+    one keeps the connections to each agent open between calls."""
+    pid = os.getpid()
+    client = _clients.get(pid)
+    if client is None:
+        with _client_lock:
+            client = _clients.get(pid)
+            if client is None:
+                _clients.clear()  # a parent's client, inherited by this forked child: never used here
+                client = _clients[pid] = httpx.Client()
+    return client
+
+
 def _call(node: Node, method: str, path: str, *, json: dict | None = None) -> httpx.Response:
     headers = {"Authorization": f"Bearer {unseal(node.token_sealed)}"}
     try:
-        response = httpx.request(
+        response = _client().request(
             method,
             f"{node.address.rstrip('/')}{path}",
             json=json,

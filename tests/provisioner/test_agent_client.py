@@ -20,10 +20,13 @@ def stand_in():
     answer: dict = {}
 
     class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as the agent's server
+
         def log_message(self, *args):
             pass
 
         def do_PUT(self):
+            answer.setdefault("peers", []).append(self.client_address)
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
             body = json.dumps(answer["body"]).encode()
             self.send_response(answer["status"])
@@ -67,3 +70,15 @@ def test_a_5xx_is_the_agents_own_fault_tried_again_later_whatever_its_code(stand
     answer.update(status=status, body=_error(code, "internal error"))
     with pytest.raises(agent_client.AgentUnreachable, match=f"HTTP {status}"):
         agent_client.workload_put(node, {"session_id": "s-1"})
+
+
+def test_calls_share_one_client_and_its_open_connection_to_the_agent(stand_in):
+    """A client per call cost a TLS context each (about half the worker's CPU under load) and a new
+    connection: the process keeps one client, and its connection to the agent, between calls."""
+    node, answer = stand_in
+    answer.update(status=200, body={"state": "starting"})
+    assert agent_client.workload_put(node, {"session_id": "s-1"}) == {"state": "starting"}
+    assert agent_client.workload_put(node, {"session_id": "s-2"}) == {"state": "starting"}
+    assert len(answer["peers"]) == 2
+    assert answer["peers"][0] == answer["peers"][1]  # the same client port: one connection
+    assert agent_client._client() is agent_client._client()
