@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
@@ -54,6 +55,7 @@ class Proc:
     env: dict
     log: Path
     popen: subprocess.Popen | None = None
+    nice: int = 0  # also the niceness of its session's scheduling group (see ``start``)
 
     def start(self) -> Proc:
         out = self.log.open("ab")
@@ -63,6 +65,12 @@ class Proc:
             self.command, cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
         out.close()
+        if self.nice:
+            # With the kernel's autogroups (sched_autogroup_enabled), a process's niceness counts only
+            # against the processes of its own session: a new session competes with the others as an
+            # equal, whatever its processes' niceness, unless its group is niced too.
+            with contextlib.suppress(OSError):
+                Path(f"/proc/{self.popen.pid}/autogroup").write_text(str(self.nice))
         return self
 
     def alive(self) -> bool:
@@ -197,6 +205,11 @@ class Stack:
     # > 0: agents and their workloads run at this niceness, standing in for the GPU hosts they are in
     # production, whose CPU is not the portal's (make load: the portal's figures on shared cores)
     agent_nice: int = 0
+    # > 0: and in a CPU control group of this weight (a process of the portal weighs 1024), with the
+    # JupyterLabs they start: those start in sessions of their own, where the agent's niceness does not
+    # reach (see ``Proc.start``). Where no cgroup can be made, the niceness alone.
+    agent_cpu_shares: int = 0
+    agents_grouped: bool = False  # whether they are in that group
     database_url: str = ""
     redis_url: str = ""
 
@@ -326,9 +339,9 @@ class Stack:
         if self.agent_nice:
             command = ["nice", "-n", str(self.agent_nice), *command]  # nice execs: same pid, same group
         env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
-        agent = Agent(
-            node, fleet, port, enrolment.token, self._proc(f"agent-{node}", command, env), delay=delay
-        )
+        proc = self._proc(f"agent-{node}", command, env)
+        proc.nice = self.agent_nice
+        agent = Agent(node, fleet, port, enrolment.token, proc, delay=delay)
         agent.node_id = enrolment.node.id
         self.agents[node] = agent
         self.start_agent(agent)
@@ -336,11 +349,36 @@ class Stack:
 
     def start_agent(self, agent: Agent) -> None:
         agent.proc.start()
+        if self.agent_cpu_shares and (procs := self._host_group()) is not None:
+            with contextlib.suppress(OSError):
+                procs.write_text(str(agent.proc.popen.pid))  # its children start in the group too
+                self.agents_grouped = True
         wait_for(
             lambda: httpx.get(f"{agent.url}/v1/health", timeout=2).status_code in (200, 401),
             timeout=60,
             what=f"agent {agent.node}\n{agent.proc.tail()}",
         )
+
+    def _host_group(self) -> Path | None:
+        """The ``cgroup.procs`` of the agents' CPU group (cgroup v1's cpu controller, or v2's), made
+        with ``agent_cpu_shares``; None where this machine lets no group be made."""
+        name = f"suanli-hosts-{zlib.crc32(str(self.data_dir).encode()):08x}"
+        for root, weight_file, weight in (
+            (Path("/sys/fs/cgroup/cpu"), "cpu.shares", self.agent_cpu_shares),
+            (Path("/sys/fs/cgroup"), "cpu.weight", max(1, self.agent_cpu_shares * 100 // 1024)),
+        ):
+            if not (root / weight_file).exists() and "cpu" not in _read(root / "cgroup.subtree_control"):
+                continue  # no such controller there
+            group = root / name
+            try:
+                group.mkdir(exist_ok=True)
+                (group / weight_file).write_text(str(weight))
+            except OSError:
+                with contextlib.suppress(OSError):
+                    group.rmdir()
+                continue
+            return group / "cgroup.procs"
+        return None
 
     def shutdown(self) -> None:
         from portal import embedded
@@ -351,6 +389,20 @@ class Stack:
         with contextlib.suppress(Exception):
             embedded.stop()
         kill_leftovers(self.data_dir)
+        self.host_group_remove()
+
+    def host_group_remove(self) -> None:
+        """Remove the agents' CPU group, once the processes killed in it are gone."""
+        if self.agent_cpu_shares and (procs := self._host_group()) is not None:
+            with contextlib.suppress(TimeoutError):
+                wait_for(lambda: procs.parent.rmdir() or True, timeout=10, what="the agents' CPU group")
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
 
 
 def kill_leftovers(data_dir: Path) -> list[int]:

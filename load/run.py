@@ -4,12 +4,14 @@ then every ``bench/`` script; writes the figures to docs/PERFORMANCE.md.
     .venv/bin/python -m load.run [--users 50,200] [--seconds 60] [--bench run|stored|skip]
 
 The stack is the production shape with its default intervals (a web process per core, one Celery worker,
-beat, three agents on fake fleets at nice 19: in production they are other machines). Four users hold a
-running session each for the proxy requests. The load is then: the dashboard (browser cookie), launch + stop
-of a 1/8 A100 through the API (token), and a small Jupyter API GET through the proxy. Benchmarks run after
-the stack is down, one at a time, each with the arguments below; their output is kept under
-``.data/bench-results/`` so that ``--bench stored`` (or a bench that fails this time) reports the last
-figures it printed, with their date.
+beat, three agents on fake fleets). In production the agents and the JupyterLabs they start are other
+machines: here they run at nice 19 in a CPU control group of weight 64 (each of the portal's processes
+weighs 1024), so that they use what CPU the portal leaves and what is measured is the portal's. Four
+users hold a running session each for the proxy requests. The load is then: the dashboard (browser
+cookie), launch + stop of a 1/8 A100 through the API (token), and a small Jupyter API GET through the
+proxy. Benchmarks run after the stack is down, one at a time, each with the arguments below; their
+output is kept under ``.data/bench-results/`` so that ``--bench stored`` (or a bench that fails this
+time) reports the last figures it printed, with their date.
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         # portal's cores, at the lowest priority, so that what is measured is the portal's (their CPU
         # is still reported)
         agent_nice=19,
+        agent_cpu_shares=64,
         # every simulated user launches and stops all the time: quotas are not what is measured here
         extra_env={
             "QUOTA_DEFAULT_MAX_SESSIONS": "100000",
@@ -132,6 +135,12 @@ def main(argv: list[str] | None = None) -> int:
         load_average=load_average,
         benches=benches,
         extra_env=args.env,
+        hosts=(
+            f"in a CPU control group of weight {stack.agent_cpu_shares} (each of the portal's processes "
+            f"weighs 1024) and at nice {stack.agent_nice}"
+            if stack.agents_grouped
+            else f"at nice {stack.agent_nice} (this machine let no CPU control group be made)"
+        ),
     )
     errors = sum(phase[name]["errors"] for phase in stats.values() for name in ENDPOINTS if name in phase)
     _say(f"report in {args.report}; {errors} errors")
@@ -256,7 +265,7 @@ def _benches(mode: str, *, env: dict[str, str]) -> list[dict]:
     return found
 
 
-def _write(path: Path, *, stats, seconds, load_average, benches, extra_env) -> None:
+def _write(path: Path, *, stats, seconds, load_average, benches, extra_env, hosts: str) -> None:
     now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     phases = " then ".join(str(n) for n in stats)
     lines = [
@@ -270,8 +279,9 @@ def _write(path: Path, *, stats, seconds, load_average, benches, extra_env) -> N
         "## Load: the dashboard, the launch API and the Jupyter proxy",
         "",
         f"The real stack as production runs it ({os.cpu_count()} uvicorn web processes, one Celery worker, "
-        "beat, three agents on fake fleets, at nice 19 with the JupyterLabs they start, as GPU hosts are "
-        "other machines in production; default intervals) on the embedded PostgreSQL and Redis. Each "
+        f"beat, three agents on fake fleets, {hosts} with the JupyterLabs they start, so that they use what "
+        "CPU the portal leaves, as GPU hosts are other machines in production; default intervals) on the "
+        "embedded PostgreSQL and Redis. Each "
         "simulated user waits 0.5–1.5 s between requests and picks: the dashboard (weight 3), a Jupyter "
         "`api/status` GET through the proxy to one of four running sessions (weight 3), or a launch of a 1/8 "
         "A100 through the API followed at once by its stop (weight 1). The load generator runs on the same "

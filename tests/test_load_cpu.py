@@ -7,6 +7,9 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+import pytest
 
 from load import cpu
 
@@ -53,3 +56,41 @@ def test_processes_outside_the_run_are_not_counted(tmp_path):
     finally:
         named.kill()
         named.wait()
+
+
+def test_the_stand_in_hosts_get_only_the_cpu_the_portal_leaves(tmp_path):
+    """The agents and the JupyterLabs they start stand in for other machines: under `make load` they are
+    in a CPU control group of low weight, and so is what they start in sessions of their own (where the
+    kernel's autogroups make their niceness count for nothing against the portal)."""
+    from chaos.stack import Proc, Stack
+
+    stack = Stack(data_dir=tmp_path, agent_nice=19, agent_cpu_shares=64)
+    procs = stack._host_group()
+    if procs is None:
+        pytest.skip("this machine lets no CPU control group be made")
+    script = "import subprocess, sys, time; time.sleep(0.5); subprocess.Popen(['sleep', '60'], start_new_session=True); time.sleep(60)"
+    agent = Proc("agent", [sys.executable, "-c", script], dict(os.environ), tmp_path / "agent.log", nice=19)
+    agent.start()
+    try:
+        procs.write_text(str(agent.popen.pid))
+        deadline = time.monotonic() + 10
+        while not (children := _children(agent.popen.pid)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert children, "the stand-in agent started nothing"
+        for pid in (agent.popen.pid, *children):
+            assert procs.parent.name in Path(f"/proc/{pid}/cgroup").read_text()
+        autogroup = Path(f"/proc/{agent.popen.pid}/autogroup")
+        assert not autogroup.exists() or autogroup.read_text().strip().endswith("nice 19")
+    finally:
+        for pid in _children(agent.popen.pid):
+            os.kill(pid, 9)
+        agent.kill()
+        stack.host_group_remove()
+    assert not procs.parent.exists()
+
+
+def _children(pid: int) -> list[int]:
+    return [
+        int(p)
+        for p in subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    ]
