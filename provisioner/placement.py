@@ -562,7 +562,8 @@ def allocation_place(
     Locks (``FOR NO KEY UPDATE``, as everywhere in the provisioner: foreign keys are checked at commit
     with ``FOR KEY SHARE`` on the referenced device, which must not wait on a placement): one device row
     at a time with SKIP LOCKED; in the last round, every fitting device in id order, waiting. Never
-    deadlocks with another placement or a heartbeat (which locks its node's devices in id order too):
+    deadlocks with another placement or a heartbeat (which waits for its node's devices in id order too, or
+    skips those held: provisioner/services/heartbeats.py):
     the only device locks waited for are taken in id order, and a placement that holds a device lock
     waits for no other. The preferred nodes are tried with SKIP LOCKED only, so a placement that goes on
     to the others holds no device lock yet.

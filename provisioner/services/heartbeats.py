@@ -20,6 +20,7 @@ from django.db.models import DateTimeField, Value
 from django.db.models.functions import Greatest
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
+from psycopg.types.json import Jsonb
 
 from billing.models import Account
 from billing.services.metering import meter_alive
@@ -499,6 +500,24 @@ def _devices_seen(device_ids: list[int], now: datetime) -> None:
         )
 
 
+def _devices_figures(latest: dict[int, dict]) -> None:
+    """``last_metrics`` of these devices, skipping any a placement holds at this instant (the next beat
+    writes it; the sample is kept all the same): one statement, no wait. A heartbeat that waited here
+    for one device while holding others (``_devices_seen`` takes those it finds free) closed a cycle
+    with placements that lock every device in id order: PostgreSQL's deadlock, a 500 for the launches."""
+    if not latest:
+        return
+    ids = sorted(latest)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE provisioner_device AS d SET last_metrics = f.figures "
+            "FROM unnest(%s::bigint[], %s::jsonb[]) AS f(id, figures) "
+            "WHERE d.id = f.id AND d.id IN (SELECT id FROM provisioner_device "
+            "WHERE id = ANY(%s) ORDER BY id FOR NO KEY UPDATE SKIP LOCKED)",
+            [ids, [Jsonb(latest[i]) for i in ids], ids],
+        )
+
+
 _HOME_USAGE_SQL = """
 INSERT INTO provisioner_homeusage (user_id, bytes, files, measured_at, node_id) VALUES {rows}
 ON CONFLICT (user_id) DO UPDATE
@@ -570,14 +589,13 @@ def _record_metrics(metrics: dict, devices: dict[str, Device], now: datetime) ->
     if timezone.is_naive(collected):
         collected = timezone.make_aware(collected, UTC)
     samples = []
+    latest: dict[int, dict] = {}
     for sample in metrics.get("gpus", []):
         device = devices.get(sample["uuid"])
         if device is None:
             continue
         figures = {k: v for k, v in sample.items() if k != "uuid"}
-        Device.objects.filter(id=device.id).update(
-            last_metrics={**figures, "collected_at": collected.isoformat()}
-        )
+        latest[device.id] = {**figures, "collected_at": collected.isoformat()}
         samples.append(
             DeviceSample(
                 device=device,
@@ -588,6 +606,7 @@ def _record_metrics(metrics: dict, devices: dict[str, Device], now: datetime) ->
                 power_w=sample.get("power_w"),
             )
         )
+    _devices_figures(latest)
     if samples:
         DeviceSample.objects.bulk_create(samples)
         with connection.cursor() as cursor:

@@ -58,3 +58,53 @@ def test_a_changed_inventory_is_written_under_the_device_locks():
     }
     beat(node, gpus=[gpu(1, "GPU-CHANGE-1")])
     assert Device.objects.get(uuid="GPU-CHANGE-0").health == Device.Health.MISSING
+
+
+def _figures(uuid: str, util: int) -> dict:
+    return {
+        "uuid": uuid,
+        "gpu_util_percent": util,
+        "memory_used_mib": 100,
+        "temperature_c": 40,
+        "power_w": 90.0,
+    }
+
+
+def test_a_beats_figures_wait_on_no_device_lock_so_it_closes_no_cycle_with_a_contended_placement():
+    """A contended placement locks every device in id order: it holds the first and waits for the second.
+    The beat had taken the second (``last_seen_at``, skipping locked ones) and then waited to write the
+    first one's figures: a cycle, which PostgreSQL broke by failing launches (`make load`, 200 users).
+    Now the figures skip a held device too; its sample is kept, and the next beat writes it."""
+    node, _token = make_node(gpus=[gpu(0, "GPU-FIG-0"), gpu(1, "GPU-FIG-1")])
+    first, second = Device.objects.filter(node=node).order_by("id")
+    held, release = threading.Event(), threading.Event()
+
+    def placement() -> None:  # holds the first device, as the lock-all round does before the second
+        try:
+            with transaction.atomic():
+                list(Device.objects.select_for_update(no_key=True).filter(id=first.id))
+                held.set()
+                release.wait(30)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=placement)
+    thread.start()
+    try:
+        assert held.wait(10)
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '2s'")  # a beat that waited for the first would fail here
+        beat(node, metrics=[_figures("GPU-FIG-0", 11), _figures("GPU-FIG-1", 22)])
+        first.refresh_from_db()
+        second.refresh_from_db()
+        assert second.last_metrics["gpu_util_percent"] == 22
+        assert first.last_metrics.get("gpu_util_percent") is None  # held: written by the next beat
+        assert first.samples.count() == 1 and second.samples.count() == 1  # the history has both
+    finally:
+        release.set()
+        thread.join()
+        with connection.cursor() as cursor:
+            cursor.execute("RESET lock_timeout")
+    beat(node, metrics=[_figures("GPU-FIG-0", 33), _figures("GPU-FIG-1", 44)])
+    first.refresh_from_db()
+    assert first.last_metrics["gpu_util_percent"] == 33 and "collected_at" in first.last_metrics
