@@ -10,14 +10,17 @@ field converters applied). The queryset is still written with the ORM, so the SQ
 
 from __future__ import annotations
 
+import datetime
 import threading
 import uuid
+import zoneinfo
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.db import connections
 from django.db.models import Model, QuerySet
 from django.db.models.query import ModelIterable, get_related_populators
+from django.utils import timezone
 
 # Stand-ins no real key takes, one per key of a lookup, found again in the compiled parameters.
 _STAND_INS = {
@@ -57,6 +60,17 @@ class Lookup:
         self._lock = threading.Lock()
 
     def _compile(self) -> _Compiled:
+        # A query whose SQL names the request's time zone (a ``__date`` lookup, a ``Trunc``) would keep
+        # the first request's zone for everyone: compiled in two zones, its SQL must be the same.
+        with timezone.override(datetime.UTC):
+            compiled = self._compile_here()
+        with timezone.override(zoneinfo.ZoneInfo("Pacific/Chatham")):
+            elsewhere = self._compile_here()
+        if (compiled.sql, compiled.params) != (elsewhere.sql, elsewhere.params):
+            raise ValueError(f"a Lookup's query must not depend on the time zone ({compiled.sql})")
+        return compiled
+
+    def _compile_here(self) -> _Compiled:
         stand_ins = [_STAND_INS[kind][n] for n, kind in enumerate(self._key_types)]
         queryset = self._build(*stand_ins)
         if not self._many:

@@ -2,8 +2,7 @@ from functools import cache
 
 from notices.selectors import notices_bell
 
-BELL_SIZE = 5
-RECENT_SIZE = 10  # the dashboard lists the unread among the newest this many, from the same query
+BELL_SIZE = 5  # of the newest notices the bell reads (BELL_ROWS), the dashboard lists the unread
 
 
 def bell(request) -> dict:
@@ -12,7 +11,7 @@ def bell(request) -> dict:
     user = getattr(request, "user", None)
     if user is None or not user.is_authenticated:
         return {}
-    read = cache(lambda: notices_bell(user=user, limit=RECENT_SIZE))
+    read = cache(lambda: notices_bell(user=user))
     return {
         "notices_unread": lambda: read()[0],
         "notices_bell": lambda: read()[1][:BELL_SIZE],

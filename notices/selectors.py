@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from django.db.models import Count, Q, QuerySet, Window
 
+from core.compiled import Lookup
 from notices.kinds import KINDS, Kind
 from notices.models import Notice, NoticePreference
+
+BELL_ROWS = 10  # the newest notices the bell reads (it shows five; the dashboard the unread among them)
 
 
 def notices_unread_count(*, user) -> int:
@@ -13,14 +16,22 @@ def notices_unread_count(*, user) -> int:
     return Notice.objects.filter(user_id=user.pk, read_at__isnull=True, dismissed_at__isnull=True).count()
 
 
-def notices_bell(*, user, limit: int) -> tuple[int, list[Notice]]:
-    """How many of ``user``'s notices are unread, and the newest ``limit`` not dismissed, in one query
-    (the count is a window over every notice not dismissed, taken before the limit)."""
-    rows = list(
-        Notice.objects.filter(user_id=user.pk, dismissed_at__isnull=True)
+# Every page's bell: compiled once per process.
+_BELL = Lookup(
+    lambda user_id: (
+        Notice.objects.filter(user_id=user_id, dismissed_at__isnull=True)
         .annotate(unread_total=Window(Count("id", filter=Q(read_at__isnull=True))))
-        .order_by("-created_at", "-id")[:limit]
-    )
+        .order_by("-created_at", "-id")[:BELL_ROWS]
+    ),
+    key_types=(int,),
+    many=True,
+)
+
+
+def notices_bell(*, user) -> tuple[int, list[Notice]]:
+    """How many of ``user``'s notices are unread, and the newest ``BELL_ROWS`` not dismissed, in one
+    query (the count is a window over every notice not dismissed, taken before the limit)."""
+    rows = _BELL.all(user.pk)
     return (rows[0].unread_total if rows else 0), rows
 
 

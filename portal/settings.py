@@ -455,7 +455,7 @@ SPECTACULAR_SETTINGS = {
 }
 
 # Logins live in PostgreSQL, never in Redis: a Redis restart logs nobody out.
-SESSION_ENGINE = "django.contrib.sessions.backends.db"
+SESSION_ENGINE = "portal.logins"  # Django's database store, its read compiled once
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False
 X_FRAME_OPTIONS = "SAMEORIGIN"

@@ -97,3 +97,36 @@ def test_a_lookup_of_many_rows_reads_them_in_the_querysets_order_and_slice(djang
         Lookup(build, key_types=(int,)).all(first_pk)
     with pytest.raises(ValueError, match="values"):
         Lookup(lambda pk: User.objects.filter(pk=pk).values("username"), key_types=(int,)).first(first_pk)
+
+
+def test_a_query_that_names_the_time_zone_is_refused_so_no_user_gets_anothers_zone(settings):
+    """Each request runs in its user's time zone: a ``__date`` lookup compiled in the first request's
+    zone would be everyone's."""
+    user = make_user("dora")
+    by_day = Lookup(
+        lambda pk: User.objects.filter(pk=pk, date_joined__date__gte="2000-01-01"), key_types=(int,)
+    )
+    with pytest.raises(ValueError, match="time zone"):
+        by_day.first(user.pk)
+    assert Lookup(lambda pk: User.objects.filter(pk=pk), key_types=(int,)).first(user.pk) == user
+
+
+def test_a_login_is_read_in_one_compiled_query_and_an_expired_one_is_no_login(
+    client, django_assert_num_queries
+):
+    from datetime import timedelta
+
+    from django.contrib.sessions.models import Session
+    from django.utils import timezone
+
+    from portal.logins import SessionStore
+
+    user = make_user("erin")
+    client.force_login(user)
+    key = client.cookies["sessionid"].value
+    with django_assert_num_queries(1):
+        assert SessionStore(key).load()["_auth_user_id"] == str(user.pk)
+    Session.objects.filter(session_key=key).update(expire_date=timezone.now() - timedelta(seconds=1))
+    store = SessionStore(key)
+    assert store.load() == {} and store.session_key is None  # a new login, as Django's store
+    assert SessionStore("no-such-key").load() == {}
