@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from collections.abc import Callable
 
 from django.db import transaction
 from django.urls import reverse
@@ -22,9 +23,16 @@ def session_owner_notify(session_id, *, kind: str, key: str, **params: str | int
     transaction.on_commit(lambda: _owner_notify(session_id, kind=kind, key=key, params=params))
 
 
+# A stop or cancel asked for by someone (the ``actor`` of these lines, provisioner/services/sessions.py).
+_ASKED_BY = ("stop_by", "cancelled_by")
+
+
 def session_ended_notify(session_id, *, reason: Message | str) -> None:
     """After commit, tell the session's owner it ended (``session_stopped``) and why: the reason it was
-    asked to stop for when it was stopping (its end is then only "Stopped"), else ``reason``."""
+    asked to stop for when it was stopping (its end is then only "Stopped"), else ``reason``. Not when
+    the owner asked for the stop themselves: their page shows it, and a notice (and an email) about
+    their own click is noise. Every other end is told: stopped by someone else (a team's admin, an
+    operator), and every stop the portal makes (funds, idle, longest time, a lost node, preemption)."""
 
     def send() -> None:
         asked = (
@@ -34,14 +42,30 @@ def session_ended_notify(session_id, *, reason: Message | str) -> None:
             .first()
         )
         why = message_load(*asked) if asked else reason
-        _owner_notify(session_id, kind="session_stopped", key="session_stopped", params={"why": why})
+        _owner_notify(
+            session_id,
+            kind="session_stopped",
+            key="session_stopped",
+            params={"why": why},
+            unless=lambda session: _asked_by_owner(why, session),
+        )
 
     transaction.on_commit(send)
 
 
-def _owner_notify(session_id, *, kind: str, key: str, params: dict) -> None:
-    session = Session.objects.select_related("gpu_model", "profile").filter(id=session_id).first()
-    if session is None:
+def _asked_by_owner(why: Message | str, session: Session) -> bool:
+    return (
+        isinstance(why, Message)
+        and why.key in _ASKED_BY
+        and why.params.get("actor") == session.owner.get_username()
+    )
+
+
+def _owner_notify(
+    session_id, *, kind: str, key: str, params: dict, unless: Callable[[Session], bool] | None = None
+) -> None:
+    session = Session.objects.select_related("gpu_model", "profile", "owner").filter(id=session_id).first()
+    if session is None or (unless is not None and unless(session)):
         return
     notify(
         users=[session.owner_id],

@@ -242,6 +242,29 @@ def test_the_owner_is_told_when_a_session_starts_ends_and_leaves_the_queue(
         assert ended.text != "Your A100-SXM4-80GB whole session ended: Stop: done"
 
 
+def test_an_owner_who_stops_their_own_session_is_not_told_anyone_elses_stop_is(
+    node, sent_tasks, django_capture_on_commit_callbacks
+):
+    """Their page shows the stop they clicked; a notice and an email about it are noise. A stop by
+    someone else (an operator, a team's admin) is told, as every stop the portal makes."""
+    operator = make_user("operator-on-call")
+    with django_capture_on_commit_callbacks(execute=True):
+        mine = running(node, launch())
+        session_stop(session=mine, actor=mine.owner, reason="done for today")
+        beat(node, [])  # the agent confirms it gone
+        theirs = running(node, launch())
+        session_stop(session=theirs, actor=operator, reason="maintenance")
+        beat(node, [])
+    ended = Notice.objects.filter(kind="session_stopped")
+    assert [(n.user_id, n.text) for n in ended] == [
+        (theirs.owner_id, "Your A100-SXM4-80GB whole session ended: Stop by operator-on-call: maintenance")
+    ]
+    queued = launch()
+    with django_capture_on_commit_callbacks(execute=True):
+        session_stop(session=queued, actor=queued.owner, reason="changed my mind")  # a cancel, too
+    assert not Notice.objects.filter(user=queued.owner, kind="session_stopped").exists()
+
+
 def test_a_cancelled_queued_session_tells_its_owner(node, sent_tasks, django_capture_on_commit_callbacks):
     running(node, launch())
     waiting = launch()
