@@ -1,4 +1,4 @@
-"""Lookups compiled once per process: the request's user, a session by id.
+"""Lookups compiled once per process: the request's user, a session by id, a session's state.
 
 Django compiles a queryset's SQL every time it runs it. For a one-row read with joins and subqueries
 that is most of the read's cost (the request's user, with its account, home use and limits: 3 ms of a
@@ -18,8 +18,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.db import connections
-from django.db.models import Model, QuerySet
-from django.db.models.query import ModelIterable, get_related_populators
+from django.db.models import QuerySet
+from django.db.models.query import (
+    FlatValuesListIterable,
+    ModelIterable,
+    ValuesListIterable,
+    get_related_populators,
+)
 from django.utils import timezone
 
 # Stand-ins no real key takes, one per key of a lookup, found again in the compiled parameters.
@@ -30,6 +35,9 @@ _STAND_INS = {
 }
 
 
+_SHAPES = {ModelIterable: "model", ValuesListIterable: "tuple", FlatValuesListIterable: "flat"}
+
+
 @dataclass(frozen=True)
 class _Compiled:
     db: str
@@ -37,18 +45,20 @@ class _Compiled:
     params: tuple
     key_positions: tuple[int, ...]
     compiler: object  # the SQLCompiler, read-only after as_sql(): select, klass_info, converters
-    init_list: tuple[str, ...]
-    model_slice: slice
-    related_populators: tuple
-    annotation_col_map: dict
+    shape: str  # "model": instances; "tuple": values_list() rows; "flat": values_list(flat=True) values
+    init_list: tuple[str, ...] = ()
+    model_slice: slice | None = None
+    related_populators: tuple = ()
+    annotation_col_map: dict | None = None
 
 
 class Lookup:
-    """``build(*keys)`` gives a queryset of model instances filtered by ``keys`` (each an ``int``, a
-    ``uuid.UUID`` or a ``str``, of the types given as ``key_types``). ``first(*keys)`` runs it as
-    ``.first()`` would (at most one row is read), ``all(*keys)`` (``many=True``: the queryset orders
-    and slices itself) as ``list()`` would, without compiling it again. No ``prefetch_related``, no
-    ``defer``, no ``values()``: what the queryset selects is read, as instances."""
+    """``build(*keys)`` gives a queryset filtered by ``keys`` (each an ``int``, a ``uuid.UUID`` or a
+    ``str``, of the types given as ``key_types``). ``first(*keys)`` runs it as ``.first()`` would (at
+    most one row is read), ``all(*keys)`` (``many=True``: the queryset orders and slices itself) as
+    ``list()`` would, without compiling it again. What it reads: model instances (what the queryset
+    selects: no ``prefetch_related``, no ``defer``), or the rows of ``values_list()`` (tuples, or
+    values with ``flat=True``); not ``values()``."""
 
     def __init__(
         self, build: Callable[..., QuerySet], *, key_types: tuple[type, ...], many: bool = False
@@ -77,8 +87,9 @@ class Lookup:
             queryset = queryset[:1]
         if queryset._prefetch_related_lookups or queryset.query.deferred_loading[0]:
             raise ValueError("a Lookup reads what its queryset selects: no prefetch_related, no defer")
-        if queryset._iterable_class is not ModelIterable:
-            raise ValueError("a Lookup reads model instances: no values() or values_list()")
+        shape = _SHAPES.get(queryset._iterable_class)
+        if shape is None:
+            raise ValueError("a Lookup reads model instances or values_list() rows: no values()")
         compiler = queryset.query.get_compiler(using=queryset.db)
         sql, params = compiler.as_sql()
         positions = []
@@ -87,33 +98,39 @@ class Lookup:
             if len(found) != 1:
                 raise ValueError(f"a key of a Lookup must appear once in its query's parameters ({sql})")
             positions.append(found[0])
+        common = {
+            "db": queryset.db,
+            "sql": sql,
+            "params": tuple(params),
+            "key_positions": tuple(positions),
+            "compiler": compiler,
+            "shape": shape,
+        }
+        if shape != "model":
+            return _Compiled(**common)
         klass_info = compiler.klass_info
         fields = klass_info["select_fields"]
         start, end = fields[0], fields[-1] + 1
         return _Compiled(
-            db=queryset.db,
-            sql=sql,
-            params=tuple(params),
-            key_positions=tuple(positions),
-            compiler=compiler,
+            **common,
             init_list=tuple(column[0].target.attname for column in compiler.select[start:end]),
             model_slice=slice(start, end),
             related_populators=tuple(get_related_populators(klass_info, compiler.select, queryset.db)),
             annotation_col_map=dict(compiler.annotation_col_map or {}),
         )
 
-    def first(self, *keys) -> Model | None:
+    def first(self, *keys):
         if self._many:
             raise TypeError("first() is for a Lookup of one row; this one is many=True: all()")
         found = self._run(keys)
         return found[0] if found else None
 
-    def all(self, *keys) -> list[Model]:
+    def all(self, *keys) -> list:
         if not self._many:
             raise TypeError("all() is for a Lookup made with many=True")
         return self._run(keys)
 
-    def _run(self, keys: tuple) -> list[Model]:
+    def _run(self, keys: tuple) -> list:
         for key, kind in zip(keys, self._key_types, strict=True):
             if type(key) is not kind:
                 raise TypeError(f"a key of this Lookup is a {kind.__name__}, not {type(key).__name__}")
@@ -128,6 +145,10 @@ class Lookup:
         with connections[c.db].cursor() as cursor:
             cursor.execute(c.sql, params)
             rows = cursor.fetchall()
+        if c.shape == "tuple":
+            return list(c.compiler.results_iter([rows], tuple_expected=True))
+        if c.shape == "flat":
+            return [row[0] for row in c.compiler.results_iter([rows])]
         found = []
         for row in c.compiler.results_iter([rows]):
             obj = c.compiler.query.model.from_db(c.db, list(c.init_list), row[c.model_slice])

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cache
 
 SLOTS_PER_GPU = 8  # provisioner.models.SLOTS_PER_GPU; a test holds the two equal
 FULL = (1 << SLOTS_PER_GPU) - 1
@@ -443,21 +444,40 @@ class Placed:
     device_ids: tuple[int, ...] = ()
 
 
+_INDEX_COLUMNS = (
+    "id",
+    "node_id",
+    "node__name",
+    "kind",
+    "sharing_policy",
+    "mig_profile",
+    "mig_mode",
+    "topology_group",
+    "slot_mask",
+)
+
+
+def _index_rows(devices):
+    return _with_masks(devices).values_list(*_INDEX_COLUMNS).order_by("id")
+
+
+@cache
+def _eligible_rows():
+    """Every launch reads the index of its model's eligible devices before its transaction: compiled
+    once per process (made on first use: this module imports no Django app at import)."""
+    from core.compiled import Lookup
+
+    return Lookup(lambda model_id: _index_rows(_eligible_devices(model_id)), key_types=(int,), many=True)
+
+
 def _index_of(gpu_model, devices) -> tuple[FreeIndex, dict[int, Slot]]:
-    rows = _with_masks(devices).values_list(
-        "id",
-        "node_id",
-        "node__name",
-        "kind",
-        "sharing_policy",
-        "mig_profile",
-        "mig_mode",
-        "topology_group",
-        "slot_mask",
-    )
+    return _index_from(gpu_model, _index_rows(devices))
+
+
+def _index_from(gpu_model, rows) -> tuple[FreeIndex, dict[int, Slot]]:
     index = FreeIndex()
     meta: dict[int, Slot] = {}
-    for row in rows.order_by("id"):
+    for row in rows:
         device_id, node_id, node_name, kind, policy, mig_profile, mig_mode, group, mask = row
         cls = device_class(kind=kind, sharing_policy=policy, mig_profile=mig_profile, mig_mode=mig_mode)
         if cls is None:
@@ -470,7 +490,9 @@ def _index_of(gpu_model, devices) -> tuple[FreeIndex, dict[int, Slot]]:
 def free_index(*, gpu_model, devices=None) -> tuple[FreeIndex, dict[int, Slot]]:
     """The index of eligible devices of one model as the database has them now (no locks), and for each
     device where it is (``Slot``)."""
-    return _index_of(gpu_model, devices if devices is not None else _eligible_devices(gpu_model))
+    if devices is None:
+        return _index_from(gpu_model, _eligible_rows().all(gpu_model.pk))
+    return _index_of(gpu_model, devices)
 
 
 # Insert the allocation and its slots (on every device of the choice) in one statement, unless a slot of

@@ -91,14 +91,22 @@ def _reason_fields(reason: Message | str) -> dict:
     return {"reason_key": key, "reason_params": params, "reason": text[:300]}
 
 
+# Every transition reads the state it moves from: compiled once per process.
+_STATE_OF = Lookup(
+    lambda session_id: Session.objects.filter(id=session_id).values_list("state", flat=True),
+    key_types=(uuid.UUID,),
+)
+
+
 def _transition(
     session_id, *, from_states, to: str, reason: Message | str, at: datetime | None = None, **fields
 ) -> str | None:
     """Move a session from one of ``from_states`` to ``to`` by a conditional update; returns the state it
     left, or None when it was in none of them (someone else moved it first)."""
     at = at or timezone.now()
+    key = session_id if isinstance(session_id, uuid.UUID) else uuid.UUID(str(session_id))
     for _attempt in range(3):
-        current = Session.objects.filter(id=session_id).values_list("state", flat=True).first()
+        current = _STATE_OF.first(key)
         if current is None or current not in from_states:
             return None
         stamp = {_TIMESTAMP[to]: at} if to in _TIMESTAMP else {}

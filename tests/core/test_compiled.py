@@ -130,3 +130,32 @@ def test_a_login_is_read_in_one_compiled_query_and_an_expired_one_is_no_login(
     store = SessionStore(key)
     assert store.load() == {} and store.session_key is None  # a new login, as Django's store
     assert SessionStore("no-such-key").load() == {}
+
+
+def test_a_lookup_of_values_list_rows_reads_tuples_or_flat_values_as_the_orm_does(django_assert_num_queries):
+    from django.db.models.functions import Upper
+
+    user = make_user("fern")
+    rows = Lookup(
+        lambda pk: (
+            User.objects.filter(pk=pk).annotate(shout=Upper("username")).values_list("shout", "account__id")
+        ),
+        key_types=(int,),
+    )
+    flat = Lookup(
+        lambda name: User.objects.filter(username=name).values_list("pk", flat=True), key_types=(str,)
+    )
+    names = Lookup(
+        lambda pk: User.objects.filter(pk__gte=pk).order_by("username").values_list("username", flat=True),
+        key_types=(int,),
+        many=True,
+    )
+    account_id = user.account.pk
+    expected = list(
+        User.objects.filter(pk__gte=user.pk).order_by("username").values_list("username", flat=True)
+    )
+    with django_assert_num_queries(3):
+        assert rows.first(user.pk) == ("FERN", account_id)
+        assert flat.first("fern") == user.pk
+        assert names.all(user.pk) == expected
+    assert rows.first(user.pk + 10_000) is None and flat.first("nobody") is None
