@@ -214,9 +214,12 @@ def session_notices(*, session: Session, now: datetime | None = None) -> list[St
 
 def stop_notices_of(*, session_ids, now: datetime | None = None) -> dict[uuid.UUID, list[StopNotice]]:
     """``session_notices`` of many sessions in one query: session id → its notices (running ones only)."""
+    session_ids = list(session_ids)
+    if not session_ids:
+        return {}
     now = now or timezone.now()
     warnings = StopWarning.objects.filter(
-        session_id__in=list(session_ids), session__state=Session.State.RUNNING, cleared_at__isnull=True
+        session_id__in=session_ids, session__state=Session.State.RUNNING, cleared_at__isnull=True
     ).order_by("due_at", "id")
     found: dict[uuid.UUID, list[StopNotice]] = {}
     for w in warnings:

@@ -52,6 +52,7 @@ from billing.services.ledger import (
 from billing.services.pricing import PriceQuote
 from billing.services.reconcile import account_hold_check
 from core.clock import db_now
+from core.compiled import Lookup
 from core.errors import Conflict, InsufficientFunds, NotFound, ValidationFailed
 
 TICK_LOCK_KEY = 0x5A11B111  # pg advisory lock: one metering tick at a time
@@ -205,22 +206,35 @@ def meter_cost(*, session_ref: str) -> MeterCost:
     return cost
 
 
+def _costs(meters):
+    return meters.annotate(billed_now=BilledNow(), accrued_now=AccruedNow())
+
+
+def _paid(transfers):
+    return transfers.values_list("meter_id", "debit__kind").annotate(total=Sum("amount_micros"))
+
+
+# One session's cost (its page, every answer of the sessions API): compiled once per process.
+_COST_OF = Lookup(lambda ref: _costs(Meter.objects.filter(session_ref=ref)), key_types=(str,))
+_PAID_BY = Lookup(
+    lambda meter_id: _paid(Transfer.objects.filter(meter_id=meter_id)), key_types=(int,), many=True
+)
+
+
 def meter_costs(*, session_refs: list[str]) -> dict[str, MeterCost]:
-    """``meter_cost`` of many sessions in two queries, whatever their number; a session never
-    metered (it has not run) is left out. Reads only."""
-    meters = {
-        m.id: m
-        for m in Meter.objects.filter(session_ref__in=set(session_refs)).annotate(
-            billed_now=BilledNow(), accrued_now=AccruedNow()
-        )
-    }
+    """``meter_cost`` of many sessions in two queries, whatever their number (one when none of them
+    was metered); a session never metered (it has not run) is left out. Reads only."""
+    refs = set(session_refs)
+    if len(refs) == 1:
+        meters = {m.id: m for m in [_COST_OF.first(str(*refs))] if m is not None}
+    else:
+        meters = {m.id: m for m in _costs(Meter.objects.filter(session_ref__in=refs))}
     by_kind = {meter_id: {"card": 0, "wallet": 0, "overdraft": 0} for meter_id in meters}
     if meters:
-        paid = (
-            Transfer.objects.filter(meter_id__in=list(meters))
-            .values_list("meter_id", "debit__kind")
-            .annotate(total=Sum("amount_micros"))
-        )
+        if len(meters) == 1:
+            paid = _PAID_BY.all(*meters)
+        else:
+            paid = _paid(Transfer.objects.filter(meter_id__in=list(meters)))
         for meter_id, kind, total in paid:
             by_kind[meter_id][kind] += total
     return {

@@ -564,12 +564,13 @@ def _place(session: Session, *, model: GpuModel | None, profile: Profile) -> boo
 # --- stop and end ------------------------------------------------------------------------------------
 
 
-def session_stop(*, session: Session, actor, reason: Message | str) -> Session:
+def session_stop(*, session: Session, actor, reason: Message | str) -> None:
     """Ask a session to stop. Queued: cancelled at once (→ stopped; the interruptible sessions it
     claimed are spared). On a node: → stopping, and the stop task deletes the workload on the agent
     after commit. Already stopping or ended: unchanged.
     ``reason``: a message, or someone's own words (shown as they are). Idempotent; a conditional update
-    on the state, no locks held across the agent call."""
+    on the state, no locks held across the agent call. ``session`` is not refreshed: read it again for
+    what the stop made of it."""
     if getattr(actor, "pk", None):
         cancelled = message("cancelled_by", actor=str(actor), why=reason)
         stopping = message("stop_by", actor=str(actor), why=reason)
@@ -581,8 +582,6 @@ def session_stop(*, session: Session, actor, reason: Message | str) -> Session:
             session_ended_notify(session.id, reason=cancelled)
         elif _transition(session.id, from_states=list(Session.ON_NODE), to=S.STOPPING, reason=stopping):
             enqueue.session_stop(session.id)
-    session.refresh_from_db()
-    return session
 
 
 def session_end(

@@ -189,7 +189,8 @@ def test_the_queue_is_fair_between_accounts(node, sent_tasks):
 def test_a_queued_session_can_be_cancelled(node, sent_tasks):
     running(node, launch())
     waiting = launch()
-    stopped = session_stop(session=waiting, actor=waiting.owner, reason="changed my mind")
+    session_stop(session=waiting, actor=waiting.owner, reason="changed my mind")
+    stopped = Session.objects.get(id=waiting.id)
     assert stopped.state == "stopped"
     assert stopped.reason.startswith("Cancelled")
     assert stopped.ended_at is not None

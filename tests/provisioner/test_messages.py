@@ -71,7 +71,8 @@ def test_a_stored_event_renders_in_english_and_in_chinese(session):
 
 
 def test_a_stop_reason_inside_a_stop_line_is_stored_nested_and_translated(session):
-    stopped = session_stop(session=session, actor=make_user("bob"), reason=message("funds_exhausted"))
+    session_stop(session=session, actor=make_user("bob"), reason=message("funds_exhausted"))
+    stopped = Session.objects.get(id=session.id)
     assert stopped.reason == "Stop by bob: funds exhausted"
     assert stopped.reason_key == "stop_by"
     assert stopped.reason_params == {"actor": "bob", "why": {"key": "funds_exhausted", "params": {}}}
