@@ -22,6 +22,7 @@ from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
 from billing.models import Account
+from core.compiled import Lookup
 from core.errors import ApplicationError, NotFound, ValidationFailed
 from core.permissions import StaffOnly
 from provisioner import selectors
@@ -139,13 +140,16 @@ class SessionListView(APIView):
         return Response(session_detail_body(session), status=200 if launched.replayed else 201)
 
 
+_ACCOUNT = Lookup(lambda account_id: Account.objects.filter(id=account_id), key_types=(int,))
+
+
 def _paying_account(request: Request, account_id: int | None) -> Account:
     """The account named (one the user may pay with: the service checks) or the user's own."""
     if account_id is None:
         account_id = request.user.account_id
         if account_id is None:
             raise ValidationFailed("You have no account to pay with.", fields={"account": "required"})
-    account = Account.objects.filter(id=account_id).first()
+    account = _ACCOUNT.first(account_id) if isinstance(account_id, int) else None
     if account is None:
         raise NotFound("No such account.", fields={"account": "not one you may pay with"})
     return account

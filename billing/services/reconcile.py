@@ -29,6 +29,7 @@ from django.utils.translation import gettext as _
 from billing.audit import audit_record
 from billing.models import Account, Entry, LedgerHold
 from billing.services.ledger import lock_accounts
+from core.compiled import Lookup
 from core.errors import Conflict, ValidationFailed
 from notices.services import notify
 
@@ -135,9 +136,18 @@ def _alert_staff(holds: list[LedgerHold]) -> None:
         )
 
 
+# Every launch asks: compiled once per process.
+_OPEN_HOLD = Lookup(
+    lambda account_id: LedgerHold.objects.filter(account_id=account_id, resolved_at__isnull=True).values_list(
+        "id", flat=True
+    ),
+    key_types=(int,),
+)
+
+
 def account_hold_check(*, account: Account) -> None:
     """Raise Conflict while a reconciliation hold is open on ``account`` (launches wait for staff)."""
-    if LedgerHold.objects.filter(account=account, resolved_at__isnull=True).exists():
+    if _OPEN_HOLD.first(account.pk) is not None:
         raise Conflict(
             _(
                 "Launches on this account are paused while staff check its balance. Your running sessions "
