@@ -23,6 +23,7 @@ from django.utils.translation import gettext_lazy
 from billing.audit import audit_record
 from billing.models import Account, AccruedNow, Meter
 from billing.rules import folder_grants_of
+from core.compiled import Lookup
 from core.errors import QuotaExceeded, ValidationFailed
 from provisioner.messages import Message, message
 from provisioner.models import HomeRemoval, HomeUsage, Profile, Quota, Session, TeamFolderUsage
@@ -75,8 +76,14 @@ def limits_of_quota(quota: Quota | None, *, user_default: bool) -> Limits:
     return _overlay(_defaults() if user_default else _no_limits(), quota)
 
 
+# Read by every launch: compiled once per process.
+_OWN_QUOTA = Lookup(
+    lambda user_id: Quota.objects.filter(user_id=user_id, account__isnull=True), key_types=(int,)
+)
+
+
 def limits_for_user(*, user) -> Limits:
-    return _overlay(_defaults(), Quota.objects.filter(user=user, account__isnull=True).first())
+    return _overlay(_defaults(), _OWN_QUOTA.first(user.pk))
 
 
 def limits_for_account(*, account: Account) -> Limits:
@@ -379,14 +386,16 @@ def _home_use(usage: HomeUsage, own_bytes: int | None, own_files: int | None) ->
 def home_use(*, user) -> HomeUse | None:
     """The user's home as last measured, with their limits (their own quota row over the settings'
     defaults), in one query; None before any agent measured it."""
-    usage = (
-        HomeUsage.objects.filter(user=user)
-        .annotate(
-            own_bytes=_own_limit("max_home_bytes", "user"), own_files=_own_limit("max_home_files", "user")
-        )
-        .first()
-    )
+    usage = _HOME_USAGE.first(user.pk)
     return None if usage is None else _home_use(usage, usage.own_bytes, usage.own_files)
+
+
+_HOME_USAGE = Lookup(  # every launch reads it under its locks: compiled once per process
+    lambda user_id: HomeUsage.objects.filter(user_id=user_id).annotate(
+        own_bytes=_own_limit("max_home_bytes", "user"), own_files=_own_limit("max_home_files", "user")
+    ),
+    key_types=(int,),
+)
 
 
 def users_with_home_use(users: QuerySet) -> QuerySet:
