@@ -4,6 +4,7 @@ Two real connections to PostgreSQL."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import pytest
@@ -15,15 +16,17 @@ from tests.provisioner.conftest import beat, gpu, make_node
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_an_unchanged_inventory_waits_on_no_device_lock():
-    node, _token = make_node(gpus=[gpu(0, "GPU-LOCK-0"), gpu(1, "GPU-LOCK-1")])
-    placed, free = Device.objects.filter(node=node).order_by("id")
+@contextlib.contextmanager
+def _held_by_a_placement(device: Device):
+    """While inside: another connection holds ``device``'s row lock, as ``allocation_place`` does until
+    its launch commits, and this connection gives up on any lock after 2 s (a beat that waited for the
+    held device would fail)."""
     held, release = threading.Event(), threading.Event()
 
-    def placement() -> None:  # as allocation_place holds a device until its launch commits
+    def placement() -> None:
         try:
             with transaction.atomic():
-                list(Device.objects.select_for_update(no_key=True).filter(id=placed.id))
+                list(Device.objects.select_for_update(no_key=True).filter(id=device.id))
                 held.set()
                 release.wait(30)
         finally:
@@ -34,16 +37,23 @@ def test_an_unchanged_inventory_waits_on_no_device_lock():
     try:
         assert held.wait(10)
         with connection.cursor() as cursor:
-            cursor.execute("SET lock_timeout = '2s'")  # a beat that waited for the lock would fail here
-        beat(node)
-        placed.refresh_from_db()
-        free.refresh_from_db()
-        assert free.last_seen_at > placed.last_seen_at  # seen; the held one is marked by the next beat
+            cursor.execute("SET lock_timeout = '2s'")
+        yield
     finally:
         release.set()
         thread.join()
         with connection.cursor() as cursor:
             cursor.execute("RESET lock_timeout")
+
+
+def test_an_unchanged_inventory_waits_on_no_device_lock():
+    node, _token = make_node(gpus=[gpu(0, "GPU-LOCK-0"), gpu(1, "GPU-LOCK-1")])
+    placed, free = Device.objects.filter(node=node).order_by("id")
+    with _held_by_a_placement(placed):
+        beat(node)
+        placed.refresh_from_db()
+        free.refresh_from_db()
+        assert free.last_seen_at > placed.last_seen_at  # seen; the held one is marked by the next beat
     beat(node)
     placed.refresh_from_db()
     assert placed.last_seen_at == Device.objects.get(id=free.id).last_seen_at
@@ -77,34 +87,13 @@ def test_a_beats_figures_wait_on_no_device_lock_so_it_closes_no_cycle_with_a_con
     Now the figures skip a held device too; its sample is kept, and the next beat writes it."""
     node, _token = make_node(gpus=[gpu(0, "GPU-FIG-0"), gpu(1, "GPU-FIG-1")])
     first, second = Device.objects.filter(node=node).order_by("id")
-    held, release = threading.Event(), threading.Event()
-
-    def placement() -> None:  # holds the first device, as the lock-all round does before the second
-        try:
-            with transaction.atomic():
-                list(Device.objects.select_for_update(no_key=True).filter(id=first.id))
-                held.set()
-                release.wait(30)
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=placement)
-    thread.start()
-    try:
-        assert held.wait(10)
-        with connection.cursor() as cursor:
-            cursor.execute("SET lock_timeout = '2s'")  # a beat that waited for the first would fail here
+    with _held_by_a_placement(first):  # as the lock-all round holds the first before the second
         beat(node, metrics=[_figures("GPU-FIG-0", 11), _figures("GPU-FIG-1", 22)])
         first.refresh_from_db()
         second.refresh_from_db()
         assert second.last_metrics["gpu_util_percent"] == 22
         assert first.last_metrics.get("gpu_util_percent") is None  # held: written by the next beat
         assert first.samples.count() == 1 and second.samples.count() == 1  # the history has both
-    finally:
-        release.set()
-        thread.join()
-        with connection.cursor() as cursor:
-            cursor.execute("RESET lock_timeout")
     beat(node, metrics=[_figures("GPU-FIG-0", 33), _figures("GPU-FIG-1", 44)])
     first.refresh_from_db()
     assert first.last_metrics["gpu_util_percent"] == 33 and "collected_at" in first.last_metrics
