@@ -35,6 +35,27 @@ _STAND_INS = {
 }
 
 
+class _NoSuchKey(Exception):
+    pass
+
+
+def _key(value, kind: type):
+    """``value`` as a key of type ``kind``: itself, or a string that reads as one (an id from a URL, a
+    session, a task's arguments: ``"42"`` for an int, a UUID's text); anything else (None, a bool, a
+    malformed id) raises ``_NoSuchKey``."""
+    if type(value) is kind:
+        return value
+    if isinstance(value, str):
+        if kind is int and value.isascii() and value.isdigit():
+            return int(value)
+        if kind is uuid.UUID:
+            try:
+                return uuid.UUID(value)
+            except ValueError:
+                pass
+    raise _NoSuchKey
+
+
 _SHAPES = {ModelIterable: "model", ValuesListIterable: "tuple", FlatValuesListIterable: "flat"}
 
 
@@ -58,7 +79,9 @@ class Lookup:
     most one row is read), ``all(*keys)`` (``many=True``: the queryset orders and slices itself) as
     ``list()`` would, without compiling it again. What it reads: model instances (what the queryset
     selects: no ``prefetch_related``, no ``defer``), or the rows of ``values_list()`` (tuples, or
-    values with ``flat=True``); not ``values()``."""
+    values with ``flat=True``); not ``values()``. A key may also be a string that reads as its type (an
+    id from a URL or a session); a key that is neither (None, a malformed id) matches no row, so
+    callers turn bad input into "not found" without guarding it themselves."""
 
     def __init__(
         self, build: Callable[..., QuerySet], *, key_types: tuple[type, ...], many: bool = False
@@ -131,9 +154,10 @@ class Lookup:
         return self._run(keys)
 
     def _run(self, keys: tuple) -> list:
-        for key, kind in zip(keys, self._key_types, strict=True):
-            if type(key) is not kind:
-                raise TypeError(f"a key of this Lookup is a {kind.__name__}, not {type(key).__name__}")
+        try:
+            keys = tuple(_key(key, kind) for key, kind in zip(keys, self._key_types, strict=True))
+        except _NoSuchKey:
+            return []  # what no row has: a missing key, or input that is not one (a malformed id)
         if self._compiled is None:
             with self._lock:
                 if self._compiled is None:

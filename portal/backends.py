@@ -19,11 +19,7 @@ _REQUEST_USER = Lookup(
 
 def request_user(user_id):
     """The user a request's login names (any backend's ``get_user``), None if there is none."""
-    try:
-        pk = int(user_id)
-    except (TypeError, ValueError):
-        return None
-    return _REQUEST_USER.first(pk)
+    return _REQUEST_USER.first(user_id)
 
 
 class PasswordBackend(ModelBackend):

@@ -19,7 +19,7 @@ _UNEXPIRED = Lookup(
 
 class SessionStore(db.SessionStore):
     def _get_session_from_db(self):
-        found = _UNEXPIRED.first(self.session_key) if isinstance(self.session_key, str) else None
+        found = _UNEXPIRED.first(self.session_key)
         if found is None:
             self._session_key = None  # as Django's: a missing or expired login starts a new one
         return found

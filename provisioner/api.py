@@ -149,7 +149,7 @@ def _paying_account(request: Request, account_id: int | None) -> Account:
         account_id = request.user.account_id
         if account_id is None:
             raise ValidationFailed("You have no account to pay with.", fields={"account": "required"})
-    account = _ACCOUNT.first(account_id) if isinstance(account_id, int) else None
+    account = _ACCOUNT.first(account_id)
     if account is None:
         raise NotFound("No such account.", fields={"account": "not one you may pay with"})
     return account

@@ -148,11 +148,7 @@ _LIVE_SESSIONS_OF_USER = Lookup(
 
 def session_get_for_user(*, user, session_id) -> Session:
     """A session of this user; anyone else's (or a malformed id) is NotFound."""
-    try:
-        sid = uuid.UUID(str(session_id))
-    except ValueError:
-        raise NotFound(_("No such session."))
-    session = _SESSION_OF_USER.first(sid, user.pk) if user.pk is not None else None
+    session = _SESSION_OF_USER.first(session_id, user.pk)
     if session is None:
         raise NotFound(_("No such session."))
     return session
@@ -168,7 +164,7 @@ def session_list_for_user(*, user) -> QuerySet[Session]:
 
 def live_sessions_of(*, user) -> list[Session]:
     """The user's live sessions (queued to stopping), newest first, the first LIVE_LISTED."""
-    return _LIVE_SESSIONS_OF_USER.all(user.pk) if user.pk is not None else []
+    return _LIVE_SESSIONS_OF_USER.all(user.pk)
 
 
 # The notebook a session opens on; the agent starts its kernel as soon as JupyterLab answers

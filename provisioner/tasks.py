@@ -47,11 +47,7 @@ _SESSION = Lookup(
 
 
 def _session(session_id: str) -> Session | None:
-    try:
-        sid = uuid.UUID(str(session_id))
-    except ValueError:
-        return None
-    return _SESSION.first(sid)
+    return _SESSION.first(session_id)
 
 
 def _start_expired(session: Session) -> bool:

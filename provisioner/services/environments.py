@@ -173,7 +173,7 @@ def environment_for_launch(*, user, environment: str) -> Environment:
             .first()
         )
     else:
-        env = _PUBLISHED_NAMED.first(environment) if isinstance(environment, str) else None
+        env = _PUBLISHED_NAMED.first(environment)
     if env is None:
         raise ValidationFailed(
             _("Unknown environment %(environment)s.") % {"environment": repr(environment)},

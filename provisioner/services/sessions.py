@@ -104,9 +104,8 @@ def _transition(
     """Move a session from one of ``from_states`` to ``to`` by a conditional update; returns the state it
     left, or None when it was in none of them (someone else moved it first)."""
     at = at or timezone.now()
-    key = session_id if isinstance(session_id, uuid.UUID) else uuid.UUID(str(session_id))
     for _attempt in range(3):
-        current = _STATE_OF.first(key)
+        current = _STATE_OF.first(session_id)
         if current is None or current not in from_states:
             return None
         stamp = {_TIMESTAMP[to]: at} if to in _TIMESTAMP else {}
@@ -146,7 +145,7 @@ _GPU_MODEL_OFFERED = Lookup(lambda name: GpuModel.objects.filter(name=name, enab
 def _catalog(
     *, user, gpu_model: str, profile: str, environment: str
 ) -> tuple[GpuModel | None, Profile, Environment]:
-    profile_obj = _PROFILE_NAMED.first(profile) if isinstance(profile, str) else None
+    profile_obj = _PROFILE_NAMED.first(profile)
     if profile_obj is None:
         raise ValidationFailed(
             _("Unknown profile %(profile)s.") % {"profile": repr(profile)}, fields={"profile": "unknown"}
@@ -165,7 +164,7 @@ def _catalog(
         )
     if profile_obj.kind == Profile.Kind.CPU:
         return None, profile_obj, env
-    model = _GPU_MODEL_OFFERED.first(gpu_model) if isinstance(gpu_model, str) else None
+    model = _GPU_MODEL_OFFERED.first(gpu_model)
     if model is None:
         raise ValidationFailed(
             _("Unknown GPU model %(gpu_model)s.") % {"gpu_model": repr(gpu_model)},

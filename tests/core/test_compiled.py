@@ -3,6 +3,8 @@ annotations set, in one query, and the SQL is not compiled again."""
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 from django.db.models import Count, F
 from django.db.models.sql.compiler import SQLCompiler
@@ -52,11 +54,16 @@ def test_the_sql_is_compiled_once_for_every_key(monkeypatch):
     assert compiled == []
 
 
-def test_keys_of_the_wrong_type_and_unsupported_querysets_are_refused():
+def test_a_key_that_is_not_one_matches_no_row_and_unsupported_querysets_are_refused():
     user = make_user("bob")
     by_pk = Lookup(lambda pk: User.objects.filter(pk=pk), key_types=(int,))
-    with pytest.raises(TypeError):
-        by_pk.first(str(user.pk))
+    assert by_pk.first(str(user.pk)) == user  # an id as a URL or a session carries it
+    for not_a_key in (None, True, 1.0, "1 OR 1=1", "-1", "", [user.pk]):
+        assert by_pk.first(not_a_key) is None  # matches no row, whatever it is
+    from provisioner.models import Session
+
+    by_id = Lookup(lambda sid: Session.objects.filter(id=sid), key_types=(uuid.UUID,))
+    assert by_id.first("not-a-uuid") is None and by_id.first(uuid.uuid4()) is None
     prefetching = Lookup(
         lambda pk: User.objects.prefetch_related("memberships").filter(pk=pk), key_types=(int,)
     )
