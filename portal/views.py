@@ -148,7 +148,9 @@ def signup_verify(request: HttpRequest, token: str) -> HttpResponse:
 def profile(request: HttpRequest) -> HttpResponse:
     user: User = request.user
     form = ProfileForm(
-        request.POST if request.POST.get("action", "profile") == "profile" else None,
+        request.POST
+        if request.method == "POST" and request.POST.get("action", "profile") == "profile"
+        else None,
         initial={"email": user.email, "language": user.language, "time_zone": user.time_zone},
     )
     if request.method == "POST":

@@ -65,6 +65,21 @@ def test_profile_saves_language_and_time_zone_and_pages_follow_it(client):
     assert (user.language, user.time_zone) == ("zh-hans", "Europe/Berlin")
     page = client.get(reverse("dashboard")).content.decode()
     assert "仪表盘" in page
+    profile = client.get(reverse("profile")).content.decode()
+    assert "has-error" not in profile  # the page shows the saved settings, not a blank form's errors
+    zones = re.search(r'<select name="time_zone".*?</select>', profile).group(0)
+    assert re.findall(r'<option value="([^"]+)" selected>', zones) == ["Europe/Berlin"]
+
+
+def test_a_time_zone_that_is_not_one_is_refused_and_changes_nothing(client, settings):
+    user = user_create(username="mei", email="", password="a-long-pass-phrase")
+    client.force_login(user)
+    page = client.post(
+        reverse("profile"), {"email": "m@example.edu", "language": "en", "time_zone": "Mars/Olympus"}
+    )
+    assert "Mars/Olympus is not one of the available choices" in page.content.decode()
+    user.refresh_from_db()
+    assert (user.email, user.time_zone) == ("", settings.TIME_ZONE)
 
 
 def test_language_switcher_is_remembered_for_the_user(client):
