@@ -1,0 +1,168 @@
+"""Benchmark: the server time of every page, one request at a time, on the real web process.
+
+One uvicorn process (as ``make run`` starts each of its web processes) on the embedded PostgreSQL and
+Redis under ``.data/bench-pages``, with the seeded demo (``manage.py seed_demo``: a student with cards
+and a wallet, a team lead with a team, an admin, a fleet), grown by what a few weeks add (``_grow``).
+Each page is fetched ``--requests`` times in a row as its user, after a warm-up, and its server time
+read from the ``Server-Timing`` header (the time spent in Django for the answer: middleware, views,
+queries, templates). The client's own time is given too: it adds the HTTP parsing and the loopback.
+
+The baseline, in the same run, is the login page for a visitor: a template page with a form and no
+data, what any page pays for the framework. Each page's median is given as a ratio to it.
+
+Prints a table; never fails on a time. Issue #15 asks for 15 ms of server time per page at most.
+
+    .venv/bin/python bench/pages.py [--requests 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from chaos.stack import Stack  # noqa: E402
+
+BASELINE = ("visitor", "/login/")
+PAGES = {
+    "student": [
+        "/", "/dashboard/", "/launch/", "/launch/?profile=cpu", "/wallet/", "/cards/", "/sessions/",
+        "/profile/", "/teams/", "/notices/", "/notices/settings/", "/files/",
+        "/live/funds", "/live/sessions", "/live/dashboard",
+    ],
+    "teamlead": ["/dashboard/", "/wallet/", "/teams/vision-lab/", "/teams/vision-lab/usage/"],
+    "admin": ["/operations/", "/operations/usage/", "/operations/audit/"],
+}  # fmt: skip
+TARGET_MS = 15.0
+
+
+def _cookie(username: str) -> dict[str, str]:
+    """A login for the user, made as Django's own login makes one (the session store, the auth hash)."""
+    from django.conf import settings
+    from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY
+    from django.utils.module_loading import import_string
+
+    from portal.models import User
+
+    user = User.objects.get(username=username)
+    store = import_string(f"{settings.SESSION_ENGINE}.SessionStore")()
+    store[SESSION_KEY] = str(user.pk)
+    store[BACKEND_SESSION_KEY] = "portal.backends.PasswordBackend"
+    store[HASH_SESSION_KEY] = user.get_session_auth_hash()
+    store.save()
+    return {settings.SESSION_COOKIE_NAME: store.session_key}
+
+
+def _grow() -> None:
+    """More than a fresh demo has, as a user has after a few weeks: six unread notices each (the bell
+    lists five, the dashboard the unread), a dozen wallet movements each, six more members in the team."""
+    from billing.services.topups import wallet_credit_promotion
+    from notices.services import notify
+    from portal.models import Membership, Team, User
+    from portal.services import user_create
+
+    for user in User.objects.filter(username__in=PAGES):
+        for index in range(12):
+            wallet_credit_promotion(
+                account=user.account, amount_micros=1_000_000, idempotency_key=f"bench-{user.pk}-{index}"
+            )
+        for index in range(6):
+            params = {"session": f"T4 #{index}"}
+            notify(users=[user], kind="session_started", key="session_started", params=params,
+                   dedupe_key=f"bench-{index}", url="/sessions/")  # fmt: skip
+    team = Team.objects.get(slug="vision-lab")
+    for index in range(6):
+        member = user_create(
+            username=f"member-{index}", email=f"member-{index}@example.edu", password="bench-pass-phrase-1"
+        )
+        Membership.objects.create(team=team, user=member, role=Membership.Role.MEMBER)
+
+
+def _server_ms(answer: httpx.Response) -> float:
+    timing = answer.headers.get("Server-Timing", "")
+    if not timing.startswith("app;dur="):
+        raise RuntimeError(f"{answer.request.url}: no Server-Timing header ({answer.status_code})")
+    return float(timing.removeprefix("app;dur="))
+
+
+def _measure(client: httpx.Client, path: str, requests: int) -> dict:
+    for _ in range(10):
+        answer = client.get(path)
+        if answer.status_code != 200:
+            raise RuntimeError(f"GET {path}: {answer.status_code} {answer.text[:300]}")
+    server, wall = [], []
+    for _ in range(requests):
+        started = time.perf_counter()
+        answer = client.get(path)
+        wall.append((time.perf_counter() - started) * 1000)
+        server.append(_server_ms(answer))
+    server.sort()
+    return {
+        "p50": statistics.median(server),
+        "p95": server[int(len(server) * 0.95) - 1],
+        "client": statistics.median(wall),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=200)
+    args = parser.parse_args()
+
+    stack = Stack(data_dir=ROOT / ".data" / "bench-pages")
+    stack.prepare()
+    from django.core.management import call_command
+
+    call_command("seed_demo", url=stack.url, stdout=io.StringIO())
+    _grow()
+    rows = []
+    try:
+        stack.start_web()
+        base = {"base_url": stack.url, "timeout": 30, "follow_redirects": False}
+        with httpx.Client(**base) as visitor:
+            floor = _measure(visitor, BASELINE[1], args.requests)
+        rows.append((*BASELINE, floor))
+        for username, paths in PAGES.items():
+            with httpx.Client(**base, cookies=_cookie(username)) as client:
+                rows.extend((username, path, _measure(client, path, args.requests)) for path in paths)
+    finally:
+        stack.shutdown()
+        from portal import embedded
+
+        embedded.stop()
+
+    print(
+        f"server time per page, {args.requests} requests each, one at a time, one web process "
+        f"({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end)"
+    )
+    print(f"{'user':<9} {'page':<26} {'p50 ms':>7} {'p95 ms':>7} {'× floor':>8} {'client p50':>11}")
+    for username, path, figures in rows:
+        print(
+            f"{username:<9} {path:<26} {figures['p50']:>7.1f} {figures['p95']:>7.1f} "
+            f"{figures['p50'] / floor['p50']:>7.1f}× {figures['client']:>10.1f}"
+        )
+    pages = rows[1:]
+    worst = max(pages, key=lambda row: row[2]["p50"])
+    over = [f"{user} {path}" for user, path, figures in pages if figures["p50"] > TARGET_MS]
+    print(
+        f"floor (a visitor's login page): {floor['p50']:.1f} ms. Slowest page: {worst[0]} {worst[1]} at "
+        f"{worst[2]['p50']:.1f} ms ({worst[2]['p50'] / floor['p50']:.1f}× the floor). "
+        + (
+            f"Over {TARGET_MS:.0f} ms (median): {', '.join(over)}."
+            if over
+            else f"Every median ≤ {TARGET_MS:.0f} ms."
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
