@@ -5,8 +5,10 @@ from django.db import models
 from django.db.models.functions import Coalesce, Now
 from django.utils.translation import gettext_lazy as _
 
+from core.choices import ChoiceLabels
 
-class Account(models.Model):
+
+class Account(ChoiceLabels, models.Model):
     """Who pays: every user has one, every team has one."""
 
     class Kind(models.TextChoices):
@@ -51,7 +53,7 @@ class AuditEntry(models.Model):
 CARD_UNIT = "CARD_H"  # micro card-hours of the reference GPU
 
 
-class LedgerAccount(models.Model):
+class LedgerAccount(ChoiceLabels, models.Model):
     """One balance in one unit. Changed only by transfers; ``balance_micros`` caches the sum of its entries.
 
     Wallets and cards never go below zero (the database refuses it); an account's overdraft never goes
@@ -115,7 +117,7 @@ class LedgerAccount(models.Model):
         return f"{self.get_kind_display()} {self.unit} ({who})"
 
 
-class Transfer(models.Model):
+class Transfer(ChoiceLabels, models.Model):
     """One movement: ``amount_micros`` leaves ``debit`` and arrives at ``credit``. Never edited."""
 
     class Kind(models.TextChoices):
@@ -334,7 +336,7 @@ class AccruedNow(_MeterNow):
         return accrued_now_sql(price=price, posted=posted, **columns)
 
 
-class Meter(models.Model):
+class Meter(ChoiceLabels, models.Model):
     """The billing side of one session, at the price it launched at.
 
     Seconds are counted from ``started_at``: ``billed_seconds`` up to the watermark ``billed_until``
@@ -420,7 +422,7 @@ class Meter(models.Model):
 # --- Stripe top-ups -----------------------------------------------------------------------------------
 
 
-class TopUp(models.Model):
+class TopUp(ChoiceLabels, models.Model):
     """One Stripe Checkout payment into a wallet, and what Stripe said about it afterwards."""
 
     class State(models.TextChoices):
@@ -458,7 +460,7 @@ class TopUp(models.Model):
         return f"top-up {self.amount_micros} {self.currency} ({self.state})"
 
 
-class TopUpDispute(models.Model):
+class TopUpDispute(ChoiceLabels, models.Model):
     """A chargeback on a top-up: the amount is held while it is open, then released or lost."""
 
     class State(models.TextChoices):
@@ -511,7 +513,7 @@ class StripeEvent(models.Model):
 # --- reconciliation -----------------------------------------------------------------------------------
 
 
-class LedgerHold(models.Model):
+class LedgerHold(ChoiceLabels, models.Model):
     """A mismatch the reconciliation found. While open, the account it names cannot launch; a system
     ledger account's mismatch (no owner) is shown to staff but blocks nobody."""
 
@@ -584,7 +586,7 @@ class CardBatch(models.Model):
         return f"batch {self.label or self.pk}"
 
 
-class Card(models.Model):
+class Card(ChoiceLabels, models.Model):
     """A compute card: card-hours on its own ledger account, owned by an account once redeemed."""
 
     class State(models.TextChoices):

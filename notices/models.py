@@ -5,12 +5,13 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from core.choices import ChoiceLabels
 from core.messages import KEY_MAX_LENGTH, message_render
 from notices.kinds import KIND_CHOICES, KIND_MAX_LENGTH, KINDS
 from notices.messages import TEMPLATES  # noqa: F401  (registers the notices' message keys)
 
 
-class Notice(models.Model):
+class Notice(ChoiceLabels, models.Model):
     """Something one person is told: shown under the bell until dismissed, emailed unless they opted out.
 
     The line is a message key and its parameters, rendered in the reader's language when read; ``message``
@@ -58,7 +59,7 @@ class Notice(models.Model):
         return str(kind.title) if kind else self.kind
 
 
-class NoticePreference(models.Model):
+class NoticePreference(ChoiceLabels, models.Model):
     """A person's choice to be emailed, or not, about one kind; a row only where it differs from the
     kind's default."""
 

@@ -7,8 +7,10 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+from core.choices import ChoiceLabels
 
-class User(AbstractUser):
+
+class User(ChoiceLabels, AbstractUser):
     """A person who logs in. Pays from their own account or, as their role allows, a team's."""
 
     account = models.OneToOneField(
@@ -45,7 +47,7 @@ class Team(models.Model):
         return self.name
 
 
-class Membership(models.Model):
+class Membership(ChoiceLabels, models.Model):
     class Role(models.TextChoices):
         OWNER = "owner", _("Owner")
         ADMIN = "admin", _("Admin")
@@ -69,7 +71,7 @@ class Membership(models.Model):
         return self.role in (self.Role.OWNER, self.Role.ADMIN)
 
 
-class TeamInvite(models.Model):
+class TeamInvite(ChoiceLabels, models.Model):
     """A code (or the link that carries it) that lets whoever has it join a team with a role."""
 
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="invites")

@@ -14,12 +14,13 @@ from django.db import models
 from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
+from core.choices import ChoiceLabels
 from provisioner.messages import KEY_MAX_LENGTH, message_render
 
 SLOTS_PER_GPU = 8
 
 
-class GpuModel(models.Model):
+class GpuModel(ChoiceLabels, models.Model):
     """A kind of card the fleet sells (``A100-SXM4-80GB``), matched to NVML names of devices."""
 
     class Policy(models.TextChoices):
@@ -45,7 +46,7 @@ class GpuModel(models.Model):
         return wanted in names
 
 
-class Profile(models.Model):
+class Profile(ChoiceLabels, models.Model):
     """What a user rents: ``whole``, ``1/2``, ``1/4``, ``1/8`` (aligned eighths of one GPU), a MIG
     profile (a whole MIG device), or ``cpu`` (no GPU)."""
 
@@ -78,7 +79,7 @@ class Profile(models.Model):
         return self.name
 
 
-class Environment(models.Model):
+class Environment(ChoiceLabels, models.Model):
     """A software stack (docs/ENVIRONMENTS.md). Published by an admin (no ``owner``): a Python prefix for
     the process runtime (``python``, its interpreter) or an image for docker, with a price tier
     (``surcharge_micros_per_hour``, added to the hourly price of every session that runs it). A user's
@@ -145,7 +146,7 @@ class Environment(models.Model):
         return self.base if self.base_id else self
 
 
-class Node(models.Model):
+class Node(ChoiceLabels, models.Model):
     """A GPU host with an agent. ``address`` is the agent's base URL."""
 
     class State(models.TextChoices):
@@ -180,7 +181,7 @@ class Node(models.Model):
         return self.name
 
 
-class Device(models.Model):
+class Device(ChoiceLabels, models.Model):
     """A physical GPU or a MIG device of one, as the node's agent reports it."""
 
     class Kind(models.TextChoices):
@@ -253,7 +254,7 @@ class DeviceSample(models.Model):
         return f"{self.device_id} at {self.collected_at:%H:%M:%S}"
 
 
-class Session(models.Model):
+class Session(ChoiceLabels, models.Model):
     """One Jupyter workload on one allocation, and its lifecycle."""
 
     class State(models.TextChoices):
@@ -580,7 +581,7 @@ class TeamFolderUsage(models.Model):
         return f"team folder of account {self.account_id}: {self.bytes} bytes, {self.files} files"
 
 
-class StopWarning(models.Model):
+class StopWarning(ChoiceLabels, models.Model):
     """A stop announced to a running session's people before it happens: why (``kind``), when
     (``due_at``) and the line they read (a key of provisioner.messages and its parameters). One live
     warning per session and kind; ``cleared_at`` is set when the cause goes away (activity after an idle
@@ -620,7 +621,7 @@ class StopWarning(models.Model):
         return message_render(self.message_key, self.message_params)
 
 
-class HomeRemoval(models.Model):
+class HomeRemoval(ChoiceLabels, models.Model):
     """A home the retention rule removes (docs/STORAGE.md, "Retention"), one row per home and plan: the
     warnings go out once (``warned_at``, ``warned_final_at`` claimed by conditional updates), the removal
     is done once, and what was removed, when and why stays on record. ``name`` is the home's folder
