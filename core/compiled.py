@@ -32,6 +32,10 @@ _STAND_INS = {
     int: (-7_340_033_101, -7_340_033_102),
     uuid.UUID: (uuid.UUID(int=0x5_7A_11D_1), uuid.UUID(int=0x5_7A_11D_2)),
     str: ("\x00core.compiled key 1\x00", "\x00core.compiled key 2\x00"),  # PostgreSQL text holds no NUL
+    datetime.datetime: (
+        datetime.datetime(1001, 2, 3, 4, 5, 6, 7, tzinfo=datetime.UTC),
+        datetime.datetime(1002, 3, 4, 5, 6, 7, 8, tzinfo=datetime.UTC),
+    ),
 }
 
 
@@ -44,6 +48,8 @@ def _key(value, kind: type):
     session, a task's arguments: ``"42"`` for an int, a UUID's text); anything else (None, a bool, a
     malformed id) raises ``_NoSuchKey``."""
     if type(value) is kind:
+        if kind is datetime.datetime and value.utcoffset() is None:
+            raise ValueError("a datetime key of a Lookup must be aware: the ORM would have made it so")
         return value
     if isinstance(value, str):
         if kind is int and value.isascii() and value.isdigit():
@@ -64,7 +70,7 @@ class _Compiled:
     db: str
     sql: str
     params: tuple
-    key_positions: tuple[int, ...]
+    key_positions: tuple[tuple[int, ...], ...]  # for each key, where it is in the parameters
     compiler: object  # the SQLCompiler, read-only after as_sql(): select, klass_info, converters
     shape: str  # "model": instances; "tuple": values_list() rows; "flat": values_list(flat=True) values
     init_list: tuple[str, ...] = ()
@@ -74,8 +80,9 @@ class _Compiled:
 
 
 class Lookup:
-    """``build(*keys)`` gives a queryset filtered by ``keys`` (each an ``int``, a ``uuid.UUID`` or a
-    ``str``, of the types given as ``key_types``). ``first(*keys)`` runs it as ``.first()`` would (at
+    """``build(*keys)`` gives a queryset filtered by ``keys`` (each an ``int``, a ``uuid.UUID``, a
+    ``str`` or an aware ``datetime``, of the types given as ``key_types``; a key may be used more than
+    once). ``first(*keys)`` runs it as ``.first()`` would (at
     most one row is read), ``all(*keys)`` (``many=True``: the queryset orders and slices itself) as
     ``list()`` would, without compiling it again. What it reads: model instances (what the queryset
     selects: no ``prefetch_related``, no ``defer``), or the rows of ``values_list()`` (tuples, or
@@ -117,10 +124,10 @@ class Lookup:
         sql, params = compiler.as_sql()
         positions = []
         for stand_in in stand_ins:
-            found = [n for n, value in enumerate(params) if value == stand_in]
-            if len(found) != 1:
-                raise ValueError(f"a key of a Lookup must appear once in its query's parameters ({sql})")
-            positions.append(found[0])
+            found = tuple(n for n, value in enumerate(params) if value == stand_in)
+            if not found:
+                raise ValueError(f"a key of a Lookup must appear in its query's parameters ({sql})")
+            positions.append(found)
         common = {
             "db": queryset.db,
             "sql": sql,
@@ -164,8 +171,9 @@ class Lookup:
                     self._compiled = self._compile()
         c = self._compiled
         params = list(c.params)
-        for position, key in zip(c.key_positions, keys, strict=True):
-            params[position] = key
+        for positions, key in zip(c.key_positions, keys, strict=True):
+            for position in positions:
+                params[position] = key
         with connections[c.db].cursor() as cursor:
             cursor.execute(c.sql, params)
             rows = cursor.fetchall()

@@ -27,13 +27,32 @@ def team_list_for_user(*, user: User) -> QuerySet[Team]:
     return Team.objects.filter(memberships__user=user).order_by("name")
 
 
+# The team page's reads, at every look at it: compiled once per process.
+_MEMBERSHIP_IN = Lookup(
+    lambda user_id, slug: Membership.objects.select_related(
+        "team", "team__account", "team__account__team_folder_usage"
+    ).filter(user_id=user_id, team__slug=slug),
+    key_types=(int, str),
+)
+_TEAM_MEMBERSHIPS = Lookup(
+    lambda team_id: (
+        Membership.objects.filter(team_id=team_id).select_related("user").order_by("role", "user__username")
+    ),
+    key_types=(int,),
+    many=True,
+)
+_OPEN_INVITES = Lookup(
+    lambda team_id: TeamInvite.objects.filter(team_id=team_id, revoked_at__isnull=True).order_by(
+        "-created_at"
+    )[:20],
+    key_types=(int,),
+    many=True,
+)
+
+
 def team_get_for_member(*, user: User, slug: str) -> tuple[Team, Membership] | None:
     """The team and the caller's membership, or None: a team one is not in does not exist for them."""
-    membership = (
-        Membership.objects.select_related("team", "team__account", "team__account__team_folder_usage")
-        .filter(user=user, team__slug=slug)
-        .first()
-    )
+    membership = _MEMBERSHIP_IN.first(user.pk, slug)
     return (membership.team, membership) if membership else None
 
 
@@ -42,9 +61,9 @@ def team_member_get(*, team: Team, user_id: int) -> User | None:
     return User.objects.filter(pk=user_id, memberships__team=team).first()
 
 
-def team_open_invites(*, team: Team) -> QuerySet[TeamInvite]:
+def team_open_invites(*, team: Team) -> list[TeamInvite]:
     """The team's invites not revoked, newest first (the last 20)."""
-    return team.invites.filter(revoked_at__isnull=True).order_by("-created_at")[:20]
+    return _OPEN_INVITES.all(team.pk)
 
 
 @dataclass(frozen=True)
@@ -62,9 +81,10 @@ def team_member_spend(
 ) -> list[MemberSpend]:
     """Every member of ``team`` (or the one with ``user_id``) with their spend on its account this month
     and their cap, by role and name."""
-    memberships = team.memberships.select_related("user").order_by("role", "user__username")
-    if user_id is not None:
-        memberships = memberships.filter(user_id=user_id)
+    if user_id is None:
+        memberships = _TEAM_MEMBERSHIPS.all(team.pk)
+    else:
+        memberships = team.memberships.select_related("user").filter(user_id=user_id)
     if members is None:
         members = quotas.members_of_account(account=team.account)
     nothing = (quotas.Limits(None, None, None, None, None, None), quotas.Usage(0, 0, 0))

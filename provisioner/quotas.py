@@ -157,21 +157,32 @@ class AccountUse:
     members: dict[int, tuple[Limits, Usage]]  # users missing here have no cap and no use
 
 
+# The team page reads these at every look: compiled once per process.
+_ACCOUNT_QUOTAS = Lookup(
+    lambda account_id: Quota.objects.filter(account_id=account_id), key_types=(int,), many=True
+)
+_ACCOUNT_USE_BY_OWNER = Lookup(
+    lambda account_id, month: (
+        _counted(Session.objects.filter(account_id=account_id), month)
+        .values("owner_id")
+        .annotate(**_use(month))
+        .values_list("owner_id", "live_sessions", "live_eighths", "spend", "card")
+    ),
+    key_types=(int, datetime),
+    many=True,
+)
+
+
 def account_use(*, account: Account) -> AccountUse:
     """``limits_for_account``, ``usage_of_account`` and ``members_of_account`` at once, in two queries
     however many members and sessions: the account's quota rows, and ``_use`` over its sessions grouped
     by owner."""
-    rows = list(Quota.objects.filter(account=account))
+    rows = _ACCOUNT_QUOTAS.all(account.pk)
     own = next((q for q in rows if q.user_id is None), None)
     caps = {q.user_id: _overlay(_no_limits(), q) for q in rows if q.user_id is not None}
-    month = month_start()
-    rows = (
-        _counted(Session.objects.filter(account=account), month)
-        .values("owner_id")
-        .annotate(**_use(month))
-        .values_list("owner_id", "live_sessions", "live_eighths", "spend", "card")
-    )
-    used = {owner: Usage(*figures) for owner, *figures in rows}
+    used = {
+        owner: Usage(*figures) for owner, *figures in _ACCOUNT_USE_BY_OWNER.all(account.pk, month_start())
+    }
     nothing = Usage(0, 0, 0)
     members = {
         user: (caps.get(user, _no_limits()), used.get(user, nothing)) for user in caps.keys() | used.keys()

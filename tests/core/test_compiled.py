@@ -70,7 +70,7 @@ def test_a_key_that_is_not_one_matches_no_row_and_unsupported_querysets_are_refu
     with pytest.raises(ValueError, match="prefetch_related"):
         prefetching.first(user.pk)
     unused = Lookup(lambda pk: User.objects.all(), key_types=(int,))
-    with pytest.raises(ValueError, match="appear once"):
+    with pytest.raises(ValueError, match="must appear in"):
         unused.first(user.pk)
 
 
@@ -166,3 +166,21 @@ def test_a_lookup_of_values_list_rows_reads_tuples_or_flat_values_as_the_orm_doe
         assert flat.first("fern") == user.pk
         assert names.all(user.pk) == expected
     assert rows.first(user.pk + 10_000) is None and flat.first("nobody") is None
+
+
+def test_an_aware_datetime_key_may_be_used_more_than_once_and_a_naive_one_is_refused():
+    from datetime import UTC, datetime, timedelta
+
+    from django.db.models import Q
+
+    user = make_user("dora")
+    joined = user.date_joined
+    since = Lookup(
+        lambda pk, moment: User.objects.filter(Q(date_joined__gte=moment) | Q(last_login__gte=moment), pk=pk),
+        key_types=(int, datetime),
+    )
+    assert since.first(user.pk, joined - timedelta(seconds=1)) == user
+    assert since.first(user.pk, joined + timedelta(seconds=1)) is None  # both uses of the key took it
+    assert since.first(user.pk, datetime(1, 1, 1, tzinfo=UTC)) == user
+    with pytest.raises(ValueError, match="aware"):
+        since.first(user.pk, datetime(2026, 1, 1))
