@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -212,6 +213,7 @@ class Stack:
     agents_grouped: bool = False  # whether they are in that group
     database_url: str = ""
     redis_url: str = ""
+    secret_key: str = field(default_factory=lambda: secrets.token_urlsafe(50))
 
     @property
     def url(self) -> str:
@@ -256,6 +258,12 @@ class Stack:
             "PYTHONPATH": str(ROOT),
             "PYTHONUNBUFFERED": "1",
             "SITE_URL": self.url,
+            # As production runs (docker-compose.yml): DEBUG off, which also stops Django recording every
+            # query; the loopback is plain HTTP, so the cookies are not marked Secure.
+            "DEBUG": "0",
+            "SECRET_KEY": self.secret_key,
+            "SESSION_COOKIE_SECURE": "0",
+            "CSRF_COOKIE_SECURE": "0",
             "API_RATE_PER_USER": "1000000/min",
             "CARD_REDEEM_RATE_PER_MINUTE": "1000",
             **self.timings.env(),
