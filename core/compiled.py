@@ -111,7 +111,10 @@ class Lookup:
         return compiled
 
     def _compile_here(self) -> _Compiled:
-        stand_ins = [_STAND_INS[kind][n] for n, kind in enumerate(self._key_types)]
+        # the first key of a type stands in as its first stand-in, the second as its second
+        stand_ins = [
+            _STAND_INS[kind][self._key_types[:n].count(kind)] for n, kind in enumerate(self._key_types)
+        ]
         queryset = self._build(*stand_ins)
         if not self._many:
             queryset = queryset[:1]

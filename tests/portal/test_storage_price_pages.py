@@ -4,6 +4,7 @@ daily charge in the wallet's history, in English and Chinese."""
 from __future__ import annotations
 
 import re
+import zoneinfo
 from datetime import UTC, timedelta
 
 import pytest
@@ -12,6 +13,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from billing.models import Transfer
 from billing.services.storage import StorageCharge, storage_charge_many, storage_price_set
 from billing.services.topups import wallet_credit_promotion
 from core.clock import db_now
@@ -105,3 +107,21 @@ def test_the_price_costs_the_dashboard_no_query_once_cached():
         assert "about ¥36.00 a month" in client.get("/dashboard/").content.decode()
     assert len(queries) <= 9
     assert not [q for q in queries if "billing_storageprice" in q["sql"]]
+
+
+def test_the_spend_chart_counts_a_charge_on_the_day_of_the_readers_time_zone():
+    user = _user("gus")
+    wallet_credit_promotion(account=user.account, amount_micros=10_000_000, idempotency_key="g-1")
+    storage_price_set(
+        price_micros_per_gb_month=3_000_000, free_gb=5, effective_from=db_now() - timedelta(days=2)
+    )
+    storage_charge_many(charges=[StorageCharge(user.id, user.account_id, 17 * GB)], day=db_now().date())
+    at = Transfer.objects.get(kind=Transfer.Kind.STORAGE).created_at
+    days = set()
+    for zone in ("Pacific/Pago_Pago", "Pacific/Kiritimati"):  # UTC-11 and UTC+14: never the same day
+        day = at.astimezone(zoneinfo.ZoneInfo(zone)).date().isoformat()
+        with timezone.override(zone):
+            spent = dict(daily_spend(account=user.account))
+        assert spent[day] == 1_200_000 and sum(spent.values()) == 1_200_000, zone
+        days.add(day)
+    assert len(days) == 2
