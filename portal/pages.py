@@ -13,7 +13,6 @@ from decimal import Decimal, InvalidOperation
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.paginator import Paginator
 from django.db.models import DateField, DateTimeField, F, Func, Sum, Value
 from django.db.models.functions import Cast
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
@@ -31,7 +30,7 @@ from core.errors import ApplicationError, ValidationFailed
 from core.units import hours_to_micros
 from portal.selectors import account_managed_by, accounts_payable_by
 from portal.session_pages import running_sessions
-from portal.shortcuts import account_or_404
+from portal.shortcuts import account_or_404, newer_older_page
 from portal.templatetags.suanli import card_hours
 from provisioner.quotas import home_use_of
 
@@ -117,7 +116,7 @@ def wallet(request: HttpRequest) -> HttpResponse:
     elif request.GET.get("topup") == "cancelled":
         messages.warning(request, _("The top-up was cancelled; nothing was charged."))
     entries = billing_selectors.ledger_entries(account=account, kind=request.GET.get("kind") or None)
-    page = Paginator(entries, 25).get_page(request.GET.get("page"))
+    page = newer_older_page(entries, request.GET.get("page"), size=25)
     context = _money_context(request, account) | {
         "entries": page,
         "kinds": Transfer.Kind.choices,
