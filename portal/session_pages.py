@@ -14,7 +14,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth.decorators import login_required
-from django.db.models import Count, Q, Sum
+from django.db.models import Count, Prefetch, Q, Sum
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
@@ -437,22 +437,25 @@ def running_sessions(*, user) -> list[SessionView]:
 # --- operations --------------------------------------------------------------------------------------
 
 
-def fleet_compute() -> dict:
-    """Effective compute Q = C · N · u over healthy devices on active nodes: C the peak TFLOPS of each
-    GPU, N the GPUs, u their utilisation now (last heartbeat)."""
-    devices = Device.objects.filter(
-        node__state=Node.State.ACTIVE, health=Device.Health.OK, parent__isnull=True
-    ).select_related("gpu_model")
+def fleet_compute(nodes) -> dict:
+    """Effective compute Q = C · N · u over healthy devices on active ``nodes`` (their devices read with
+    their GPU models): C the peak TFLOPS of each GPU, N the GPUs, u their utilisation now (last
+    heartbeat)."""
+    devices = [
+        device
+        for node in nodes
+        if node.state == Node.State.ACTIVE
+        for device in node.devices.all()
+        if device.health == Device.Health.OK and device.parent_id is None
+    ]
     peak = used = 0.0
-    count = 0
     for device in devices:
         tflops = device.gpu_model.peak_tflops if device.gpu_model else 0.0
         util = (device.last_metrics or {}).get("gpu_util_percent")
-        count += 1
         peak += tflops
         used += tflops * (util or 0) / 100
     return {
-        "gpus": count,
+        "gpus": len(devices),
         "peak_tflops": peak,
         "utilisation": (used / peak) if peak else None,
         "effective_tflops": used,
@@ -469,12 +472,15 @@ def revenue_today() -> int:
 
 @staff_member_required
 def operations(request: HttpRequest) -> HttpResponse:
-    nodes = Node.objects.order_by("name").prefetch_related("devices__gpu_model")
+    nodes = Node.objects.order_by("name").prefetch_related(
+        Prefetch("devices", queryset=Device.objects.select_related("gpu_model"))
+    )
+    held = prov_selectors.slot_maps()
     rows = []
     for node in nodes:
         devices = []
         for device in sorted(node.devices.all(), key=lambda d: (d.index, d.uuid)):
-            cells = prov_selectors.slot_map(device=device)
+            cells = held[device.id]
             devices.append(
                 {
                     "device": device,
@@ -488,7 +494,7 @@ def operations(request: HttpRequest) -> HttpResponse:
     context = {
         "nodes": rows,
         "queue": queue.order_by("-queue_priority", "queued_at")[:100],
-        "fleet": fleet_compute(),
+        "fleet": fleet_compute(nodes),
         "revenue_today": revenue_today(),
         "counts": Session.objects.aggregate(
             running=Count("id", filter=Q(state=S.RUNNING)),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import statistics
 import uuid
+from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -353,12 +354,20 @@ def _queue_statistics(of_models: Q, model_ids: set) -> tuple[dict, dict]:
 
 def slot_map(*, device: Device) -> list[str | None]:
     """Eight cells: the session id (short) holding each slot, or None."""
-    cells: list[str | None] = [None] * SLOTS_PER_GPU
-    for slot, session_id in AllocationSlot.objects.filter(device=device).values_list(
-        "slot", "allocation__session_id"
-    ):
-        cells[slot] = str(session_id)[:8]
-    return cells
+    return _slot_cells(AllocationSlot.objects.filter(device=device))[device.id]
+
+
+def slot_maps() -> defaultdict[int, list[str | None]]:
+    """``slot_map`` of every device, by device id, in one query: the operations page and the nodes API
+    list the whole fleet."""
+    return _slot_cells(AllocationSlot.objects.all())
+
+
+def _slot_cells(slots) -> defaultdict[int, list[str | None]]:
+    found: defaultdict[int, list[str | None]] = defaultdict(lambda: [None] * SLOTS_PER_GPU)
+    for device_id, slot, session_id in slots.values_list("device_id", "slot", "allocation__session_id"):
+        found[device_id][slot] = str(session_id)[:8]
+    return found
 
 
 def availability() -> dict[tuple[str, str], int]:

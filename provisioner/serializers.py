@@ -9,7 +9,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from provisioner.models import Device, Session, SessionEvent, StopWarning
-from provisioner.selectors import slot_map
+from provisioner.selectors import slot_maps
 
 # --- input -------------------------------------------------------------------------------------------
 
@@ -302,7 +302,10 @@ class NodeDeviceOut(serializers.Serializer):
 
     @extend_schema_field(serializers.ListField(child=serializers.CharField(allow_null=True)))
     def get_slot_map(self, device: Device) -> list[str | None]:
-        return slot_map(device=device)
+        maps = self.context.get("slot_maps")
+        if maps is None:  # the fleet's, read once for every device of the answer
+            maps = self.context["slot_maps"] = slot_maps()
+        return maps[device.id]
 
 
 class NodeOut(serializers.Serializer):

@@ -1,6 +1,6 @@
 """Every page and every API list in a bounded number of queries that does not grow with the rows behind
 it: measured on the demo as `make run` seeds it, then again after each user has more of everything
-(notices, ledger transfers, sessions, team members)."""
+(notices, ledger transfers, sessions, team members, GPUs)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from portal.services import user_create
 from provisioner.demo import ENVIRONMENT
 from provisioner.models import HomeUsage, TeamFolderUsage
 from provisioner.services.sessions import session_launch
+from tests.provisioner.conftest import gpu, make_node
 
 pytestmark = pytest.mark.django_db
 
@@ -66,6 +67,8 @@ def _grow(users: dict[str, User], rounds: int) -> None:
                 user=user, account=user.account, gpu_model="", profile="cpu", environment=ENVIRONMENT,
                 max_hours=None, idle_minutes=None, idempotency_key=key,
             )  # fmt: skip
+    # two more GPUs in the fleet: the operations page and the nodes API list every device
+    make_node(f"grow-{rounds}", gpus=[gpu(0, f"GPU-grow-{rounds}-0"), gpu(1, f"GPU-grow-{rounds}-1")])
     team = Team.objects.get(slug="vision-lab")
     # a measured team folder: the dashboard's line for each of the user's teams, and the team page's
     TeamFolderUsage.objects.update_or_create(
