@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth.decorators import login_required
-from django.db.models import Count, Prefetch, Q, Sum
+from django.db.models import Count, Sum
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
@@ -25,6 +25,7 @@ from django.views.decorators.http import require_POST
 from billing import selectors as billing_selectors
 from billing.models import Account, Entry, LedgerAccount
 from billing.services.pricing import PriceQuote, quote_with_surcharge
+from core.compiled import Lookup
 from core.errors import ApplicationError, NotFound, ValidationFailed
 from portal.selectors import accounts_payable_by
 from portal.shortcuts import account_or_404
@@ -437,25 +438,65 @@ def running_sessions(*, user) -> list[SessionView]:
 # --- operations --------------------------------------------------------------------------------------
 
 
-def fleet_compute(nodes) -> dict:
-    """Effective compute Q = C · N · u over healthy devices on active ``nodes`` (their devices read with
-    their GPU models): C the peak TFLOPS of each GPU, N the GPUs, u their utilisation now (last
+# The operations page's reads, polled while an operator has it open: compiled once per process.
+_NODES = Lookup(lambda: Node.objects.order_by("name"), key_types=(), many=True)
+_DEVICES = Lookup(
+    lambda: Device.objects.select_related("gpu_model").order_by("node_id", "index", "uuid"),
+    key_types=(),
+    many=True,
+)
+_QUEUE = Lookup(
+    lambda: (
+        Session.objects.filter(state=S.QUEUED)
+        .select_related("owner", "gpu_model", "profile")
+        .order_by("-queue_priority", "queued_at")[:100]
+    ),
+    key_types=(),
+    many=True,
+)
+_SESSIONS_BY_STATE = Lookup(
+    lambda: (
+        Session.objects.filter(state__in=[S.RUNNING, S.QUEUED, S.PLACING, S.STARTING])
+        .values("state")
+        .annotate(n=Count("id"))
+        .order_by()
+        .values_list("state", "n")
+    ),
+    key_types=(),
+    many=True,
+)
+_REVENUE_SINCE = Lookup(
+    lambda since: (
+        Entry.objects.filter(account__kind=LedgerAccount.Kind.REVENUE, transfer__created_at__gte=since)
+        .values("account__kind")
+        .annotate(total=Sum("amount_micros"))
+        .order_by()
+        .values_list("total", flat=True)
+    ),
+    key_types=(datetime,),
+    many=True,
+)
+
+
+def fleet_compute(devices: list[Device], nodes: dict[int, Node]) -> dict:
+    """Effective compute Q = C · N · u over the healthy whole ``devices`` (read with their GPU models) of
+    active ``nodes`` (by id): C the peak TFLOPS of each GPU, N the GPUs, u their utilisation now (last
     heartbeat)."""
-    devices = [
+    counted = [
         device
-        for node in nodes
-        if node.state == Node.State.ACTIVE
-        for device in node.devices.all()
-        if device.health == Device.Health.OK and device.parent_id is None
+        for device in devices
+        if nodes[device.node_id].state == Node.State.ACTIVE
+        and device.health == Device.Health.OK
+        and device.parent_id is None
     ]
     peak = used = 0.0
-    for device in devices:
+    for device in counted:
         tflops = device.gpu_model.peak_tflops if device.gpu_model else 0.0
         util = (device.last_metrics or {}).get("gpu_util_percent")
         peak += tflops
         used += tflops * (util or 0) / 100
     return {
-        "gpus": len(devices),
+        "gpus": len(counted),
         "peak_tflops": peak,
         "utilisation": (used / peak) if peak else None,
         "effective_tflops": used,
@@ -464,43 +505,38 @@ def fleet_compute(nodes) -> dict:
 
 def revenue_today() -> int:
     start = timezone.localtime().replace(hour=0, minute=0, second=0, microsecond=0)
-    total = Entry.objects.filter(
-        account__kind=LedgerAccount.Kind.REVENUE, transfer__created_at__gte=start
-    ).aggregate(total=Sum("amount_micros"))["total"]
-    return total or 0
+    return sum(_REVENUE_SINCE.all(start))
 
 
 @staff_member_required
 def operations(request: HttpRequest) -> HttpResponse:
-    nodes = Node.objects.order_by("name").prefetch_related(
-        Prefetch("devices", queryset=Device.objects.select_related("gpu_model"))
-    )
+    nodes = {node.id: node for node in _NODES.all()}
+    devices = [
+        device for device in _DEVICES.all() if device.node_id in nodes
+    ]  # one enrolled since: next time
     held = prov_selectors.slot_maps()
-    rows = []
-    for node in nodes:
-        devices = []
-        for device in sorted(node.devices.all(), key=lambda d: (d.index, d.uuid)):
-            cells = held[device.id]
-            devices.append(
-                {
-                    "device": device,
-                    "metrics": device.last_metrics or {},
-                    "cells": ["free" if cell is None else cell for cell in cells],
-                    "used": sum(cell is not None for cell in cells),
-                }
-            )
-        rows.append({"node": node, "devices": devices})
-    queue = Session.objects.filter(state=S.QUEUED).select_related("owner", "gpu_model", "profile")
+    rows = {node_id: {"node": node, "devices": []} for node_id, node in nodes.items()}
+    for device in devices:
+        cells = held[device.id]
+        rows[device.node_id]["devices"].append(
+            {
+                "device": device,
+                "metrics": device.last_metrics or {},
+                "cells": ["free" if cell is None else cell for cell in cells],
+                "used": sum(cell is not None for cell in cells),
+            }
+        )
+    by_state = dict(_SESSIONS_BY_STATE.all())
     context = {
-        "nodes": rows,
-        "queue": queue.order_by("-queue_priority", "queued_at")[:100],
-        "fleet": fleet_compute(nodes),
+        "nodes": list(rows.values()),  # by name
+        "queue": _QUEUE.all(),
+        "fleet": fleet_compute(devices, nodes),
         "revenue_today": revenue_today(),
-        "counts": Session.objects.aggregate(
-            running=Count("id", filter=Q(state=S.RUNNING)),
-            queued=Count("id", filter=Q(state=S.QUEUED)),
-            starting=Count("id", filter=Q(state__in=[S.PLACING, S.STARTING])),
-        ),
+        "counts": {
+            "running": by_state.get(S.RUNNING, 0),
+            "queued": by_state.get(S.QUEUED, 0),
+            "starting": by_state.get(S.PLACING, 0) + by_state.get(S.STARTING, 0),
+        },
         "since": timezone.now() - timedelta(minutes=1),
     }
     template = "portal/includes/ops_live.html" if request.GET.get("live") else "portal/operations.html"

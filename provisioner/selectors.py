@@ -354,18 +354,28 @@ def _queue_statistics(of_models: Q, model_ids: set) -> tuple[dict, dict]:
 
 def slot_map(*, device: Device) -> list[str | None]:
     """Eight cells: the session id (short) holding each slot, or None."""
-    return _slot_cells(AllocationSlot.objects.filter(device=device))[device.id]
+    slots = AllocationSlot.objects.filter(device=device)
+    return _slot_cells(slots.values_list(*_SLOT_COLUMNS))[device.id]
+
+
+_SLOT_COLUMNS = ("device_id", "slot", "allocation__session_id")
+_HELD_SLOTS = Lookup(
+    lambda: AllocationSlot.objects.values_list(*_SLOT_COLUMNS),
+    key_types=(),
+    many=True,
+)
 
 
 def slot_maps() -> defaultdict[int, list[str | None]]:
-    """``slot_map`` of every device, by device id, in one query: the operations page and the nodes API
-    list the whole fleet."""
-    return _slot_cells(AllocationSlot.objects.all())
+    """``slot_map`` of every device, by device id, in one query (compiled once per process): the
+    operations page and the nodes API list the whole fleet."""
+    return _slot_cells(_HELD_SLOTS.all())
 
 
 def _slot_cells(slots) -> defaultdict[int, list[str | None]]:
+    """(device id, slot, session id) rows as eight cells a device."""
     found: defaultdict[int, list[str | None]] = defaultdict(lambda: [None] * SLOTS_PER_GPU)
-    for device_id, slot, session_id in slots.values_list("device_id", "slot", "allocation__session_id"):
+    for device_id, slot, session_id in slots:
         found[device_id][slot] = str(session_id)[:8]
     return found
 
