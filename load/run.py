@@ -288,9 +288,10 @@ def _write(path: Path, *, stats, seconds, load_average, benches, extra_env, host
         "",
         "## Load: the dashboard, the launch API and the Jupyter proxy",
         "",
-        f"The real stack as production runs it ({os.cpu_count()} uvicorn web processes, one Celery worker, "
-        f"beat, three agents on fake fleets, {hosts} with the JupyterLabs they start, so that they use what "
-        "CPU the portal leaves, as GPU hosts are other machines in production; default intervals) on the "
+        f"The real stack as production runs it (`DEBUG=0`, {os.cpu_count()} uvicorn web processes, one "
+        f"Celery worker, beat, three agents on fake fleets, {hosts} with the JupyterLabs they start, so that "
+        "they use what CPU the portal leaves, as GPU hosts are other machines in production; default "
+        "intervals) on the "
         "embedded PostgreSQL and Redis. Each "
         "simulated user waits 0.5–1.5 s between requests and picks: the dashboard (weight 3), a Jupyter "
         "`api/status` GET through the proxy to one of four running sessions (weight 3), or a launch of a 1/8 "
