@@ -18,7 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.db import connections
-from django.db.models import QuerySet
+from django.db.models import Field, ForeignObject, QuerySet
+from django.db.models import Lookup as DjangoLookup
 from django.db.models.query import (
     FlatValuesListIterable,
     ModelIterable,
@@ -36,7 +37,29 @@ _STAND_INS = {
         datetime.datetime(1001, 2, 3, 4, 5, 6, 7, tzinfo=datetime.UTC),
         datetime.datetime(1002, 3, 4, 5, 6, 7, 8, tzinfo=datetime.UTC),
     ),
+    list: (["\x00core.compiled list 1\x00"], ["\x00core.compiled list 2\x00"]),  # for ``__any``
 }
+
+
+class AnyOf(DjangoLookup):
+    """``field__any=[…]``: ``field = ANY(%s)``, the values one array parameter, where ``__in`` writes a
+    placeholder for each. Its SQL is the same however many values, so a compiled ``Lookup`` may take a
+    list as a key (the ids of a page's sessions). The values go to the database as they are: give
+    values of the field's type."""
+
+    lookup_name = "any"
+    prepare_rhs = False
+
+    def get_prep_lookup(self):
+        return list(self.rhs)
+
+    def as_sql(self, compiler, connection):
+        lhs, lhs_params = self.process_lhs(compiler, connection)
+        return f"{lhs} = ANY(%s)", (*lhs_params, self.rhs)
+
+
+Field.register_lookup(AnyOf)
+ForeignObject.register_lookup(AnyOf)  # a foreign key's lookups are its own, not Field's: its id column
 
 
 class _NoSuchKey(Exception):
@@ -47,6 +70,8 @@ def _key(value, kind: type):
     """``value`` as a key of type ``kind``: itself, or a string that reads as one (an id from a URL, a
     session, a task's arguments: ``"42"`` for an int, a UUID's text); anything else (None, a bool, a
     malformed id) raises ``_NoSuchKey``."""
+    if kind is list and isinstance(value, list | tuple | set | frozenset):
+        return list(value)
     if type(value) is kind:
         if kind is datetime.datetime and value.utcoffset() is None:
             raise ValueError("a datetime key of a Lookup must be aware: the ORM would have made it so")
@@ -81,8 +106,8 @@ class _Compiled:
 
 class Lookup:
     """``build(*keys)`` gives a queryset filtered by ``keys`` (each an ``int``, a ``uuid.UUID``, a
-    ``str`` or an aware ``datetime``, of the types given as ``key_types``; a key may be used more than
-    once). ``first(*keys)`` runs it as ``.first()`` would (at
+    ``str``, an aware ``datetime`` or a ``list`` for a ``field__any=`` filter, of the types given as
+    ``key_types``; a key may be used more than once). ``first(*keys)`` runs it as ``.first()`` would (at
     most one row is read), ``all(*keys)`` (``many=True``: the queryset orders and slices itself) as
     ``list()`` would, without compiling it again. What it reads: model instances (what the queryset
     selects: no ``prefetch_related``, no ``defer``), or the rows of ``values_list()`` (tuples, or

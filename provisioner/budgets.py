@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from datetime import datetime
 
 from django.db.models import CharField, Q
 from django.db.models.functions import Cast
 
 from billing.models import Account, AccruedNow, Meter
+from core.compiled import Lookup
 from provisioner.models import Quota, Session
 from provisioner.quotas import Limits, limits_of_quota, month_start
 
@@ -55,11 +57,43 @@ def _capped(limits: Limits) -> bool:
     return limits.monthly_spend_cap_micros is not None or limits.monthly_card_cap_micros is not None
 
 
+# Read by the launch page, every session's page and the sessions API: compiled once per process.
+_TEAM_ACCOUNTS = Lookup(
+    lambda ids: Account.objects.filter(id__any=ids, kind=Account.Kind.TEAM).values_list("id", flat=True),
+    key_types=(list,),
+    many=True,
+)
+_QUOTAS = Lookup(
+    lambda owners, teams: Quota.objects.filter(
+        Q(user_id__any=owners, account__isnull=True) | Q(account_id__any=teams)
+    ),
+    key_types=(list, list),
+    many=True,
+)
+_SESSIONS_SINCE = Lookup(
+    lambda owners, teams, since: (
+        Session.objects.filter(Q(owner_id__any=owners) | Q(account_id__any=teams), created_at__gte=since)
+        .annotate(ref=Cast("id", CharField()))
+        .values_list("ref", "owner_id", "account_id")
+    ),
+    key_types=(list, list, datetime),
+    many=True,
+)
+_METERS = Lookup(
+    lambda refs: (
+        Meter.objects.filter(session_ref__any=refs)
+        .annotate(accrued=AccruedNow())
+        .values_list("session_ref", "charged_micros", "accrued", "card_charged_micros")
+    ),
+    key_types=(list,),
+    many=True,
+)
+
+
 def _limits_of(owners: set[int], teams: set[int]) -> dict[tuple[str, int | None, int | None], Limits]:
     """The capped budgets over these users and team accounts, in one query: (scope, user, account) →
     limits."""
-    rows = Quota.objects.filter(Q(user_id__in=owners, account__isnull=True) | Q(account_id__in=teams))
-    found = {(q.user_id, q.account_id): q for q in rows}
+    found = {(q.user_id, q.account_id): q for q in _QUOTAS.all(sorted(owners), sorted(teams))}
     budgets = {}
     for user_id in owners:
         budgets[("you", user_id, None)] = limits_of_quota(found.get((user_id, None)), user_default=True)
@@ -72,29 +106,16 @@ def _limits_of(owners: set[int], teams: set[int]) -> dict[tuple[str, int | None,
 
 def budgets_of(pairs: set[tuple[int, int]]) -> list[Budget]:
     """The capped budgets that cover sessions of these (owner, account) pairs, with this month's money
-    and card-hours spent. Three queries, however many sessions."""
+    and card-hours spent. Four queries, however many sessions."""
     owners = {owner for owner, _a in pairs}
-    teams = set(
-        Account.objects.filter(id__in={a for _o, a in pairs}, kind=Account.Kind.TEAM).values_list(
-            "id", flat=True
-        )
-    )
+    teams = set(_TEAM_ACCOUNTS.all(sorted({a for _o, a in pairs})))
     limits = _limits_of(owners, teams)
     if not limits:
         return []
-    month = (
-        Session.objects.filter(
-            Q(owner_id__in=owners) | Q(account_id__in=teams), created_at__gte=month_start()
-        )
-        .annotate(ref=Cast("id", CharField()))
-        .values_list("ref", "owner_id", "account_id")
-    )
+    month = _SESSIONS_SINCE.all(sorted(owners), sorted(teams), month_start())
     whose = {ref: (owner, account) for ref, owner, account in month}
     spent: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])
-    meters = Meter.objects.filter(session_ref__in=list(whose)).annotate(accrued=AccruedNow())
-    for ref, charged, accrued, card in meters.values_list(
-        "session_ref", "charged_micros", "accrued", "card_charged_micros"
-    ):
+    for ref, charged, accrued, card in _METERS.all(sorted(whose)):
         owner, account = whose[ref]
         for key in (("you", owner, None), ("team", None, account), ("member", owner, account)):
             spent[key][0] += charged + accrued

@@ -209,17 +209,30 @@ def session_notices(*, session: Session, now: datetime | None = None) -> list[St
     return stop_notices_of(session_ids=[session.id], now=now).get(session.id, [])
 
 
+# Read with every look at a page of sessions (the dashboard's, the sessions page, one session's):
+# compiled once per process, for any number of sessions.
+_STOP_WARNINGS = Lookup(
+    lambda ids: StopWarning.objects.filter(
+        session_id__any=ids, session__state=Session.State.RUNNING, cleared_at__isnull=True
+    ).order_by("due_at", "id"),
+    key_types=(list,),
+    many=True,
+)
+_RESUMED = Lookup(
+    lambda ids: Session.objects.filter(resumed_from_id__any=ids).values_list("resumed_from_id", "id"),
+    key_types=(list,),
+    many=True,
+)
+
+
 def stop_notices_of(*, session_ids, now: datetime | None = None) -> dict[uuid.UUID, list[StopNotice]]:
     """``session_notices`` of many sessions in one query: session id → its notices (running ones only)."""
     session_ids = list(session_ids)
     if not session_ids:
         return {}
     now = now or timezone.now()
-    warnings = StopWarning.objects.filter(
-        session_id__in=session_ids, session__state=Session.State.RUNNING, cleared_at__isnull=True
-    ).order_by("due_at", "id")
     found: dict[uuid.UUID, list[StopNotice]] = {}
-    for w in warnings:
+    for w in _STOP_WARNINGS.all(session_ids):
         found.setdefault(w.session_id, []).append(
             StopNotice(
                 kind=w.kind,
@@ -263,9 +276,7 @@ def resumed_as_of(*, session_ids) -> dict[uuid.UUID, uuid.UUID]:
     """Preempted session id → the session that resumes it (one query; none for no ids)."""
     if not session_ids:
         return {}
-    return dict(
-        Session.objects.filter(resumed_from_id__in=list(session_ids)).values_list("resumed_from_id", "id")
-    )
+    return dict(_RESUMED.all(list(session_ids)))
 
 
 def queue_served(*, account_ids) -> dict[int, int]:

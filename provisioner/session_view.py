@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from billing.selectors import account_funds
 from billing.services.metering import MeterCost, meter_costs
+from core.compiled import Lookup
 from provisioner import selectors
 from provisioner.models import SLOTS_PER_GPU, Device, DeviceSample, Session
 from provisioner.selectors import QueuePlace
@@ -325,6 +326,16 @@ def _measured_device_ids(session: Session) -> tuple[int, ...]:
     return (session.device_id, parent) if parent else (session.device_id,)
 
 
+# Every look at a session's page and the sessions API's answers: compiled once per process.
+_SAMPLES_SINCE = Lookup(
+    lambda device_ids, since: DeviceSample.objects.filter(
+        device_id__any=device_ids, collected_at__gte=since
+    ).order_by("collected_at", "id"),
+    key_types=(list, datetime),
+    many=True,
+)
+
+
 def _samples(sessions: list[Session], *, now: datetime) -> dict[uuid.UUID, tuple[list[Sample], bool]]:
     """Each session's samples over its life, oldest first, and whether they are the whole card's: its
     first measured device that has any, in one query (the heartbeat keeps DEVICE_SAMPLES_KEPT per
@@ -337,10 +348,8 @@ def _samples(sessions: list[Session], *, now: datetime) -> dict[uuid.UUID, tuple
             windows.setdefault(device_id, []).append((s.id, s.running_at, s.ended_at or now))
     if not windows:
         return {}
-    rows = DeviceSample.objects.filter(
-        device_id__in=list(windows),
-        collected_at__gte=min(start for spans in windows.values() for _id, start, _end in spans),
-    ).order_by("collected_at", "id")
+    since = min(start for spans in windows.values() for _id, start, _end in spans)
+    rows = _SAMPLES_SINCE.all(sorted(windows), since)
     found: dict[tuple[uuid.UUID, int], list[Sample]] = {}
     for row in rows:
         for session_id, start, end in windows[row.device_id]:

@@ -214,28 +214,25 @@ def _paid(transfers):
     return transfers.values_list("meter_id", "debit__kind").annotate(total=Sum("amount_micros"))
 
 
-# One session's cost (its page, every answer of the sessions API): compiled once per process.
-_COST_OF = Lookup(lambda ref: _costs(Meter.objects.filter(session_ref=ref)), key_types=(str,))
+# The cost of a page's sessions (one session's page, every answer of the sessions API, the dashboard):
+# compiled once per process, for any number of sessions.
+_COSTS_OF = Lookup(
+    lambda refs: _costs(Meter.objects.filter(session_ref__any=refs)), key_types=(list,), many=True
+)
 _PAID_BY = Lookup(
-    lambda meter_id: _paid(Transfer.objects.filter(meter_id=meter_id)), key_types=(int,), many=True
+    lambda meter_ids: _paid(Transfer.objects.filter(meter_id__any=meter_ids)), key_types=(list,), many=True
 )
 
 
 def meter_costs(*, session_refs: list[str]) -> dict[str, MeterCost]:
     """``meter_cost`` of many sessions in two queries, whatever their number (one when none of them
-    was metered); a session never metered (it has not run) is left out. Reads only."""
-    refs = set(session_refs)
-    if len(refs) == 1:
-        meters = {m.id: m for m in [_COST_OF.first(str(*refs))] if m is not None}
-    else:
-        meters = {m.id: m for m in _costs(Meter.objects.filter(session_ref__in=refs))}
+    was metered, none when there are none); a session never metered (it has not run) is left out.
+    Reads only."""
+    refs = sorted({str(ref) for ref in session_refs})
+    meters = {m.id: m for m in _COSTS_OF.all(refs)} if refs else {}
     by_kind = {meter_id: {"card": 0, "wallet": 0, "overdraft": 0} for meter_id in meters}
     if meters:
-        if len(meters) == 1:
-            paid = _PAID_BY.all(*meters)
-        else:
-            paid = _paid(Transfer.objects.filter(meter_id__in=list(meters)))
-        for meter_id, kind, total in paid:
+        for meter_id, kind, total in _PAID_BY.all(sorted(meters)):
             by_kind[meter_id][kind] += total
     return {
         meter.session_ref: MeterCost(

@@ -184,3 +184,19 @@ def test_an_aware_datetime_key_may_be_used_more_than_once_and_a_naive_one_is_ref
     assert since.first(user.pk, datetime(1, 1, 1, tzinfo=UTC)) == user
     with pytest.raises(ValueError, match="aware"):
         since.first(user.pk, datetime(2026, 1, 1))
+
+
+def test_a_list_key_for_any_of_a_field_reads_every_row_it_names_from_one_compiled_statement():
+    ada, bob, _cyd = make_user("ada"), make_user("bob"), make_user("cyd")
+    of = Lookup(
+        lambda pks: User.objects.filter(pk__any=pks).order_by("username"), key_types=(list,), many=True
+    )
+    assert of.all([ada.pk, bob.pk]) == [ada, bob]
+    assert of.all((bob.pk,)) == [bob] and of.all({ada.pk}) == [ada]  # any sequence or set of keys
+    assert of.all([]) == [] and of.all("1") == [] and of.all(None) == []
+    assert of._compiled.sql.count("%s") == 1  # one array parameter, however many keys
+    by_hand = User.objects.filter(pk__any=[bob.pk, ada.pk]).order_by("pk")
+    assert [user.username for user in by_hand] == ["ada", "bob"]
+    # on a foreign key (its lookups are its own, not a plain field's)
+    by_account = Lookup(lambda ids: User.objects.filter(account_id__any=ids), key_types=(list,), many=True)
+    assert by_account.all([bob.account_id]) == [bob]
