@@ -237,6 +237,31 @@ def _connections(stack: Stack) -> str:
     return ", ".join(f"{name or '?'} {n}" for name, n in rows) + f" (max_connections {ceiling})"
 
 
+def _cpu_busy(seconds: float) -> float:
+    """The share of the CPUs' time spent busy over the next ``seconds`` (from /proc/stat)."""
+
+    def read() -> tuple[int, int]:
+        fields = [int(n) for n in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        idle = fields[3] + fields[4]  # idle, iowait
+        return sum(fields) - idle, sum(fields)
+
+    busy_before, total_before = read()
+    time.sleep(seconds)
+    busy_after, total_after = read()
+    return (busy_after - busy_before) / max(1, total_after - total_before)
+
+
+def _settle_cpu(*, quiet: float = 0.2, longest: float = 120) -> float:
+    """Wait (at most ``longest`` seconds) until the CPUs are ``quiet``: what the run before leaves
+    behind (PostgreSQL's autovacuum and checkpoints after the load) would otherwise fall on the next
+    benchmark. Returns the share busy at the end."""
+    deadline = time.monotonic() + longest
+    busy = _cpu_busy(2)
+    while busy > quiet and time.monotonic() < deadline:
+        busy = _cpu_busy(2)
+    return busy
+
+
 def _benches(mode: str, *, env: dict[str, str]) -> list[dict]:
     """Run (or read the stored output of) every bench/*.py, one at a time."""
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -245,7 +270,8 @@ def _benches(mode: str, *, env: dict[str, str]) -> list[dict]:
         stored = RESULTS / f"{script.stem}.json"
         arguments = BENCH_ARGS.get(script.name, [])
         if mode == "run":
-            _say(f"bench {script.name} {' '.join(arguments)}")
+            busy = _settle_cpu()
+            _say(f"bench {script.name} {' '.join(arguments)} (the CPUs {busy:.0%} busy)")
             started = time.monotonic()
             try:
                 done = subprocess.run(
@@ -260,6 +286,7 @@ def _benches(mode: str, *, env: dict[str, str]) -> list[dict]:
                 "command": " ".join([".venv/bin/python", f"bench/{script.name}", *arguments]),
                 "as_of": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
                 "seconds": round(time.monotonic() - started),
+                "busy": round(busy, 2),
                 "exit": code,
                 "output": output.strip(),
             }
@@ -347,6 +374,7 @@ def _write(path: Path, *, stats, seconds, load_average, benches, extra_env, host
             "",
             f"As of {bench['as_of']}: `{bench.get('command', '')}`"
             + (f", {bench['seconds']} s" if bench.get("seconds") is not None else "")
+            + (f", started with the CPUs {bench['busy']:.0%} busy" if bench.get("busy") is not None else "")
             + (f", exit {bench['exit']}" if bench.get("exit") else "")
             + (f" — {bench['note']}" if bench.get("note") else "")
             + ".",
