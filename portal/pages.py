@@ -266,23 +266,34 @@ def cards(request: HttpRequest) -> HttpResponse:
         except ValueError:
             messages.error(request, _("That card is not yours."))
         return redirect(f"{request.path}?account={account.pk}")
-    owned = (
-        Card.objects.filter(owner=account)
-        .exclude(state=Card.State.UNREDEEMED)
-        .select_related("ledger_account", "batch", "parent", "gifted_by", "redeemed_by")
-        .order_by("state", "expires_at", "created_at")
-    )
-    given = (
-        Card.objects.filter(parent__owner=account, state__in=[Card.State.UNREDEEMED, Card.State.GIFTED])
-        .select_related("ledger_account", "parent")
-        .order_by("-created_at")
-    )
     context = _money_context(request, account) | {
-        "owned": owned,
-        "given": given,
+        "owned": _CARDS_OWNED.all(account.pk),
+        "given": _CARDS_GIVEN.all(account.pk),
         "new_codes": request.session.pop("new_codes", None),
     }
     return render(request, "portal/cards.html", context)
+
+
+# The cards page's two lists: compiled once per process.
+_CARDS_OWNED = Lookup(
+    lambda account_id: (
+        Card.objects.filter(owner_id=account_id)
+        .exclude(state=Card.State.UNREDEEMED)
+        .select_related("ledger_account", "batch", "parent", "gifted_by", "redeemed_by")
+        .order_by("state", "expires_at", "created_at")
+    ),
+    key_types=(int,),
+    many=True,
+)
+_CARDS_GIVEN = Lookup(
+    lambda account_id: (
+        Card.objects.filter(parent__owner_id=account_id, state__in=[Card.State.UNREDEEMED, Card.State.GIFTED])
+        .select_related("ledger_account", "parent")
+        .order_by("-created_at")
+    ),
+    key_types=(int,),
+    many=True,
+)
 
 
 def _format_hours(micros: int) -> str:
