@@ -325,7 +325,6 @@ UPDATE billing_meter meter SET
     charged_micros = meter.price_micros_per_hour
                    * (meter.wallet_seconds + s.secs - s.posted - s.card_s) / 3600,
     card_charged_micros = meter.card_burn_micros_per_hour * (meter.card_seconds + s.card_s) / 3600,
-    accrued_micros = 0,
     last_posted_at = %(now)s
 FROM (SELECT id, secs, posted, COALESCE(card_s, 0) AS card_s FROM split) s
 WHERE meter.id = s.id
@@ -438,7 +437,6 @@ def baseline_tick(*, now, limit: int | None = None) -> int:
             seconds = int((min(now, meter.alive_until) - meter.started_at).total_seconds())
             meter.billed_seconds = seconds
             meter.billed_until = meter.started_at + timedelta(seconds=seconds)
-            meter.accrued_micros = meter.price_micros_per_hour * (seconds - meter.posted_seconds) // 3600
             accounts.add(meter.account)
             if (meter.last_posted_at or meter.started_at) > now - interval:
                 meter.save()
@@ -489,7 +487,6 @@ def baseline_tick(*, now, limit: int | None = None) -> int:
             meter.wallet_seconds += new
             meter.posted_seconds = seconds
             meter.charged_micros += money
-            meter.accrued_micros = 0
             meter.last_posted_at = now
             meter.save()
     for account in accounts:  # the runway check, one account at a time

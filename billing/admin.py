@@ -304,7 +304,6 @@ class MeterAdmin(ReadOnlyAdmin):
         "billed_seconds",
         "charged_micros",
         "card_charged_micros",
-        "accrued_micros",
         "billed_until",
     )
     list_filter = ("state", "gpu_model", "profile")

@@ -347,8 +347,7 @@ class Meter(ChoiceLabels, models.Model):
 
     The watermark moves when the meter is posted (once a posting interval) and when it closes; in
     between, what an open meter has run is computed when read (``BilledNow``, ``AccruedNow``), so the
-    metering tick writes only the meters it posts. ``accrued_micros`` is what was unposted at the last
-    write (0 after a posting).
+    metering tick writes only the meters it posts.
     """
 
     class State(models.TextChoices):
@@ -372,7 +371,6 @@ class Meter(ChoiceLabels, models.Model):
     wallet_seconds = models.BigIntegerField(default=0)
     charged_micros = models.BigIntegerField(default=0)
     card_charged_micros = models.BigIntegerField(default=0)
-    accrued_micros = models.BigIntegerField(default=0)
     last_posted_at = models.DateTimeField(null=True, blank=True)
     runway_warned_at = models.DateTimeField(null=True, blank=True)
     exhausted_at = models.DateTimeField(null=True, blank=True)

@@ -71,8 +71,7 @@ class MeterCost:
 
 @dataclass(frozen=True)
 class TickResult:
-    accrued_meters: int  # meters whose watermark moved (those posted)
-    posted_meters: int
+    posted_meters: int  # meters posted (their watermark moved; the others are read live)
     transfers: int
     exhausted_session_refs: list[str]
 
@@ -335,7 +334,7 @@ def metering_tick(*, now: datetime | None = None) -> TickResult:
     with transaction.atomic(), bulk_cursor() as cursor:
         cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [TICK_LOCK_KEY])
         if not cursor.fetchone()[0]:
-            return TickResult(0, 0, 0, [])
+            return TickResult(0, 0, [])
         if now is None:
             cursor.execute("SELECT clock_timestamp()")
             now = cursor.fetchone()[0]
@@ -344,7 +343,7 @@ def metering_tick(*, now: datetime | None = None) -> TickResult:
         due = [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]
         transfers = _post(due, now=now) if due else 0
         exhausted = _signal_runway(cursor, now, posted_accounts={m["account_id"] for m in due})
-    return TickResult(len(due), len(due), transfers, exhausted)
+    return TickResult(len(due), transfers, exhausted)
 
 
 def _row(meter: Meter) -> dict:
@@ -391,14 +390,12 @@ def _post(meters: list[dict], *, now: datetime) -> int:
                 billed_until = m.started_at + make_interval(secs => v.posted::double precision),
                 posted_seconds = v.posted, card_seconds = v.card_s,
                 wallet_seconds = v.wallet_s, charged_micros = v.charged, card_charged_micros = v.card_charged,
-                accrued_micros = m.price_micros_per_hour * v.posted / 3600 - v.charged_total,
                 last_posted_at = %s
-            FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[],
-                        %s::bigint[])
-                 AS v(id, posted, card_s, wallet_s, charged, card_charged, charged_total)
+            FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[])
+                 AS v(id, posted, card_s, wallet_s, charged, card_charged)
             WHERE m.id = v.id
             """,
-            [now, *_columns(meter_updates, meters)],
+            [now, *(bigint_array(column) for column in zip(*meter_updates, strict=True))],
         )
     return len(transfers)
 
@@ -520,12 +517,6 @@ def payer_legs(
         _cost(m["card_burn_micros_per_hour"], card_s),
     )
     return legs, update
-
-
-def _columns(meter_updates: list[tuple], meters: list[dict]) -> list[str]:
-    prices = {m["id"]: m["price_micros_per_hour"] for m in meters}
-    rows = [(*u, _cost(prices[u[0]], u[1])) for u in meter_updates]
-    return [bigint_array(column) for column in zip(*rows, strict=True)]
 
 
 def _allocate(meter: dict, account_cards: list[tuple], balance: dict[int, int]) -> list[tuple[int, int]]:

@@ -410,7 +410,7 @@ def _record_inventory(
 
     def upsert(device: Device, **fields) -> Device:
         """Write the device only when the inventory changed it; the rest only get ``last_seen_at``."""
-        if device.pk is not None and all(getattr(device, k) == v for k, v in fields.items()):
+        if device.pk is not None and _as_reported(device, fields):
             unchanged.append(device.pk)
         else:
             for key, value in fields.items():
@@ -470,19 +470,23 @@ def _mig_fields(mig: dict, parent: Device) -> dict:
     }
 
 
+def _as_reported(device: Device, fields: dict) -> bool:
+    """Whether ``device`` already has the ``fields`` the inventory reports for it."""
+    return all(getattr(device, key) == value for key, value in fields.items())
+
+
 def _inventory_unchanged(gpus: list[dict], devices: dict[str, Device], models: list[GpuModel]) -> bool:
     """Whether the node's ``devices`` (read without locks) are already what ``gpus`` reports: none new,
     none changed, none gone that is not marked missing yet."""
 
-    def same(device: Device | None, fields: dict) -> bool:
-        return device is not None and all(getattr(device, k) == v for k, v in fields.items())
-
     for gpu in gpus:
         device = devices.get(gpu["uuid"])
-        if not same(device, _gpu_fields(gpu, _model_for(gpu["name"], models))):
+        if device is None or not _as_reported(device, _gpu_fields(gpu, _model_for(gpu["name"], models))):
             return False
-        if not all(same(devices.get(m["uuid"]), _mig_fields(m, device)) for m in gpu.get("mig_devices", [])):
-            return False
+        for mig in gpu.get("mig_devices", []):
+            found = devices.get(mig["uuid"])
+            if found is None or not _as_reported(found, _mig_fields(mig, device)):
+                return False
     reported = {g["uuid"] for g in gpus} | {m["uuid"] for g in gpus for m in g.get("mig_devices", [])}
     return all(d.health == Device.Health.MISSING for u, d in devices.items() if u not in reported)
 

@@ -82,7 +82,7 @@ def test_posts_at_most_once_an_interval_and_reads_the_rest_live(prices, settings
     assert account_funds(account=account).accrued_micros == cost.accrued_micros
     metering_tick(now=start + timedelta(seconds=2 * interval + 1))
     meter.refresh_from_db()
-    assert (meter.billed_seconds, meter.posted_seconds, meter.accrued_micros) == (interval + 30,) * 2 + (0,)
+    assert (meter.billed_seconds, meter.posted_seconds) == (interval + 30,) * 2
     assert meter_cost(session_ref="s1").accrued_micros == 0
 
 
