@@ -6,6 +6,7 @@ from playwright.sync_api import expect
 from notices.models import Notice
 from notices.services import notify
 from portal.services import user_create
+from tests.browser.steps import log_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -17,10 +18,7 @@ def test_the_bells_buttons_mark_read_and_dismiss_their_own_notice_and_come_back(
                params={"session": f"T4 #{index}"}, dedupe_key=f"bell-{index}", url="/sessions/")  # fmt: skip
     context = browser.new_context(base_url=live_server.url)
     page = context.new_page()
-    page.goto("/login/")
-    page.get_by_label("Username").fill("lin")
-    page.get_by_label("Password").fill("a-long-pass-phrase")
-    page.get_by_role("button", name="Log in").click()
+    log_in(page, "lin", "a-long-pass-phrase")
     page.goto("/wallet/")
     expect(page.get_by_test_id("bell-count")).to_have_text("3")
 
