@@ -31,7 +31,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from chaos.stack import Stack  # noqa: E402
+from chaos.stack import Stack, login_cookie  # noqa: E402
 
 BASELINE = ("visitor", "/login/")
 PAGES = {
@@ -44,23 +44,6 @@ PAGES = {
     "admin": ["/operations/", "/operations/usage/", "/operations/audit/"],
 }  # fmt: skip
 TARGET_MS = 15.0
-
-
-def _cookie(username: str) -> dict[str, str]:
-    """A login for the user, made as Django's own login makes one (the session store, the auth hash)."""
-    from django.conf import settings
-    from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY
-    from django.utils.module_loading import import_string
-
-    from portal.models import User
-
-    user = User.objects.get(username=username)
-    store = import_string(f"{settings.SESSION_ENGINE}.SessionStore")()
-    store[SESSION_KEY] = str(user.pk)
-    store[BACKEND_SESSION_KEY] = "portal.backends.PasswordBackend"
-    store[HASH_SESSION_KEY] = user.get_session_auth_hash()
-    store.save()
-    return {settings.SESSION_COOKIE_NAME: store.session_key}
 
 
 def _grow() -> None:
@@ -133,7 +116,13 @@ def main() -> None:
         stack.start_web()
         base = {"base_url": stack.url, "timeout": 30, "follow_redirects": False}
         clients = {"visitor": httpx.Client(**base)}
-        clients |= {user: httpx.Client(**base, cookies=_cookie(user)) for user in PAGES}
+        from django.conf import settings
+
+        from portal.models import User
+
+        for name in PAGES:
+            cookie = {settings.SESSION_COOKIE_NAME: login_cookie(User.objects.get(username=name))}
+            clients[name] = httpx.Client(**base, cookies=cookie)
         # Round after round, every page once: whatever else the machine does falls on all pages alike.
         for round_ in range(10 + args.requests):
             for user, path in samples:

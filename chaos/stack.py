@@ -469,9 +469,6 @@ def seed_catalog() -> None:
 def seed_users(count: int, *, prefix: str, wallet_micros: int, cards: int = 0) -> list[User]:
     """``count`` users, each funded with ``wallet_micros``; the first ``cards`` also redeem a small
     compute card (so card burn and the card → wallet hand-over are exercised)."""
-    from django.conf import settings
-    from django.test import Client
-
     from billing.services.cards import card_batch_issue, card_redeem
     from billing.services.topups import wallet_credit_promotion
     from portal.services import access_token_create, user_create
@@ -489,11 +486,18 @@ def seed_users(count: int, *, prefix: str, wallet_micros: int, cards: int = 0) -
         if i < len(codes):
             card_redeem(user=user, account=user.account, code=codes[i])
         _token, raw = access_token_create(user=user, name="chaos", scopes=["read", "sessions"])
-        client = Client()
-        client.force_login(user)
-        cookie = client.cookies[settings.SESSION_COOKIE_NAME].value
-        users.append(User(name, user.pk, user.account_id, raw, cookie, card=i < len(codes)))
+        users.append(User(name, user.pk, user.account_id, raw, login_cookie(user), card=i < len(codes)))
     return users
+
+
+def login_cookie(user) -> str:
+    """A logged-in Django session for ``user``, as its cookie's value (made as Django's login makes it)."""
+    from django.conf import settings
+    from django.test import Client
+
+    client = Client()
+    client.force_login(user)
+    return client.cookies[settings.SESSION_COOKIE_NAME].value
 
 
 def db_now():

@@ -14,7 +14,7 @@ import datetime
 import threading
 import uuid
 import zoneinfo
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from django.db import connections
@@ -51,6 +51,8 @@ class AnyOf(DjangoLookup):
     prepare_rhs = False
 
     def get_prep_lookup(self):
+        if isinstance(self.rhs, str | bytes) or not isinstance(self.rhs, Iterable):
+            raise TypeError(f"field__any= takes a list of values, not {type(self.rhs).__name__}")
         return list(self.rhs)
 
     def as_sql(self, compiler, connection):
@@ -118,6 +120,11 @@ class Lookup:
     def __init__(
         self, build: Callable[..., QuerySet], *, key_types: tuple[type, ...], many: bool = False
     ) -> None:
+        for kind in set(key_types):
+            if key_types.count(kind) > len(_STAND_INS[kind]):
+                raise ValueError(
+                    f"a Lookup takes at most {len(_STAND_INS[kind])} keys of type {kind.__name__}"
+                )
         self._build = build
         self._key_types = key_types
         self._many = many

@@ -61,9 +61,7 @@ class TimeZoneField(forms.CharField):
     """One of the zones this Python knows, as the user's `time_zone`."""
 
     widget = TimeZoneSelect
-    default_error_messages = {
-        "invalid_choice": _("Select a valid choice. %(value)s is not one of the available choices."),
-    }
+    default_error_messages = {"invalid_choice": forms.ChoiceField.default_error_messages["invalid_choice"]}
 
     def validate(self, value) -> None:
         super().validate(value)

@@ -34,12 +34,17 @@ _MEMBERSHIP_IN = Lookup(
     ).filter(user_id=user_id, team__slug=slug),
     key_types=(int, str),
 )
-_TEAM_MEMBERSHIPS = Lookup(
-    lambda team_id: (
+
+
+def _members(team_id) -> QuerySet[Membership]:
+    return (
         Membership.objects.filter(team_id=team_id).select_related("user").order_by("role", "user__username")
-    ),
-    key_types=(int,),
-    many=True,
+    )
+
+
+_TEAM_MEMBERSHIPS = Lookup(_members, key_types=(int,), many=True)
+_TEAM_MEMBERSHIP_OF = Lookup(
+    lambda team_id, user_id: _members(team_id).filter(user_id=user_id), key_types=(int, int), many=True
 )
 _OPEN_INVITES = Lookup(
     lambda team_id: TeamInvite.objects.filter(team_id=team_id, revoked_at__isnull=True).order_by(
@@ -84,7 +89,7 @@ def team_member_spend(
     if user_id is None:
         memberships = _TEAM_MEMBERSHIPS.all(team.pk)
     else:
-        memberships = team.memberships.select_related("user").filter(user_id=user_id)
+        memberships = _TEAM_MEMBERSHIP_OF.all(team.pk, user_id)
     if members is None:
         members = quotas.members_of_account(account=team.account)
     nothing = (quotas.Limits(None, None, None, None, None, None), quotas.Usage(0, 0, 0))

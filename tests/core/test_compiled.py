@@ -200,3 +200,7 @@ def test_a_list_key_for_any_of_a_field_reads_every_row_it_names_from_one_compile
     # on a foreign key (its lookups are its own, not a plain field's)
     by_account = Lookup(lambda ids: User.objects.filter(account_id__any=ids), key_types=(list,), many=True)
     assert by_account.all([bob.account_id]) == [bob]
+    with pytest.raises(TypeError, match="list of values"):
+        User.objects.filter(pk__any="12")  # a string is not a list of ids
+    with pytest.raises(ValueError, match="at most 2 keys"):
+        Lookup(lambda a, b, c: User.objects.filter(pk__any=[a, b, c]), key_types=(int, int, int))
